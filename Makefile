@@ -1,0 +1,36 @@
+# Set-up and entry points. `make test` and `make app` create .venv/ when missing and install into it.
+# TORCH_REQUIREMENT overrides the torch install (e.g. a CUDA or ROCm build you already chose).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_REQUIREMENT ?= torch==2.13.0
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup test lint format app bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_REQUIREMENT)"
+	$(PY) -m pip install -e ".[app,notebooks,dev]"
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: setup lint
+	$(PY) -m pytest
+
+app: setup
+	$(VENV)/bin/streamlit run apps/trajectories.py --server.address localhost
+
+bench: setup
+	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,31 @@
+"""recurrent_model: the recurrent-depth language model (Huginn-0125 architecture) with hooks on every state."""
+
+from .checkpoint import CheckpointError, atomic_directory, load_model, save_pretrained
+from .config import PRESETS, ConfigError, RecurrentConfig, preset
+from .depth import Depth, sample_depth, split_depth
+from .hooks import ActivationCache, Hook, HookError, HookPoint
+from .model import ContextLengthError, ModelOutput, RecurrentLM
+from .tokenizer import HuginnTokenizer, TokenizerError
+
+__all__ = [
+    "PRESETS",
+    "ActivationCache",
+    "CheckpointError",
+    "ConfigError",
+    "ContextLengthError",
+    "Depth",
+    "Hook",
+    "HookError",
+    "HookPoint",
+    "HuginnTokenizer",
+    "ModelOutput",
+    "RecurrentConfig",
+    "RecurrentLM",
+    "TokenizerError",
+    "atomic_directory",
+    "load_model",
+    "preset",
+    "sample_depth",
+    "save_pretrained",
+    "split_depth",
+]

@@ -1,0 +1,282 @@
+"""Reading and writing checkpoints in the Hugging Face "huginn_raven" layout (safetensors only).
+
+Loading builds the model on the meta device, checks every tensor's name and shape from the safetensors
+headers before reading any data, then streams tensors shard by shard, so peak memory stays near one model.
+Writing goes to a temporary sibling directory that replaces the target only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import ConfigError, RecurrentConfig
+from .layers import rope_table
+from .model import RecurrentLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILE = "tokenizer.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+# Keys a checkpoint may carry that we recompute (RoPE table) or tie (head = embedding).
+IGNORED_KEYS = ("freqs_cis",)
+TIED_HEAD = "lm_head.weight"
+EMBEDDING = "transformer.wte.weight"
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a loadable checkpoint; the message names the problem."""
+
+
+# Locating the weights ----------------------------------------------------------------------------
+def weight_files(directory: Path) -> dict[str, list[str]]:
+    """Map each safetensors file of the checkpoint to the keys it is supposed to hold (None = all)."""
+    index = directory / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index} is not a valid index (needs a 'weight_map'): {exc}") from exc
+        files: dict[str, list[str]] = {}
+        for key, shard in weight_map.items():
+            files.setdefault(shard, []).append(key)
+        absent = [f for f in files if not (directory / f).is_file()]
+        if absent:
+            raise CheckpointError(
+                f"{index} names shard(s) that are not in {directory}: {', '.join(sorted(absent))}"
+            )
+        return files
+    if (directory / SINGLE_FILE).is_file():
+        return {SINGLE_FILE: []}
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{directory} holds only pickle weights ({', '.join(pickles)}); this loader reads "
+            "safetensors only and never unpickles files, which can run arbitrary code. Convert them "
+            "to model.safetensors in a trusted environment first."
+        )
+    raise CheckpointError(
+        f"{directory} has no weights: expected {SINGLE_FILE} or {INDEX_FILE} with its shards"
+    )
+
+
+def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, tuple[str, tuple]]:
+    """key -> (file, shape) from the safetensors headers, without reading tensor data."""
+    found: dict[str, tuple[str, tuple]] = {}
+    for name, indexed_keys in files.items():
+        try:
+            with safe_open(directory / name, framework="pt") as f:
+                keys = list(f.keys())
+                for key in keys:
+                    found[key] = (name, tuple(f.get_slice(key).get_shape()))
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"{directory / name} is not a readable safetensors file: {exc}")
+        missing_from_shard = sorted(set(indexed_keys) - set(keys))
+        if missing_from_shard:
+            raise CheckpointError(
+                f"the index places {', '.join(missing_from_shard[:5])} in {name}, "
+                "but that file does not hold them"
+            )
+    return found
+
+
+def check_tensors(
+    expected: dict[str, tuple], found: dict[str, tuple[str, tuple]]
+) -> list[str]:
+    """Every mismatch between the model's tensors and the file's, as readable lines."""
+    problems = []
+    for key in sorted(set(expected) - set(found) - {TIED_HEAD}):
+        problems.append(f"missing tensor {key} (expected shape {list(expected[key])})")
+    for key in sorted(set(found) - set(expected) - set(IGNORED_KEYS)):
+        problems.append(f"unexpected tensor {key} with shape {list(found[key][1])} in {found[key][0]}")
+    for key in sorted(set(found) & set(expected)):
+        if tuple(found[key][1]) != tuple(expected[key]):
+            problems.append(
+                f"tensor {key} has shape {list(found[key][1])} in {found[key][0]}, "
+                f"but the config needs {list(expected[key])}"
+            )
+    return problems
+
+
+def _set_parameter(model: nn.Module, key: str, value: torch.Tensor) -> None:
+    module_path, _, attr = key.rpartition(".")
+    module = model.get_submodule(module_path)
+    setattr(module, attr, nn.Parameter(value, requires_grad=False))
+
+
+# Loading -----------------------------------------------------------------------------------------
+def load_model(
+    path: str | os.PathLike,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> RecurrentLM:
+    """Load a Huginn-layout checkpoint directory (one safetensors file or index + shards), in eval mode.
+
+    ``dtype`` defaults to float32; ``device`` to the CPU. Raises CheckpointError / ConfigError naming
+    the problem for anything that is not a loadable checkpoint.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        raise CheckpointError(f"checkpoint path {directory} does not exist")
+    if not directory.is_dir():
+        raise CheckpointError(
+            f"{directory} is not a directory; a checkpoint is a directory holding config.json "
+            "and safetensors weights"
+        )
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory} has no config.json, so it is not a checkpoint")
+    config = RecurrentConfig.from_json(config_path)
+    if "name" not in config.extra and config.name == RecurrentConfig.name:
+        config.name = directory.resolve().name
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    dtype = _resolve_dtype(dtype)
+
+    files = weight_files(directory)
+    found = read_headers(directory, files)
+    with torch.device("meta"):
+        model = RecurrentLM(config, init_weights=False)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = check_tensors(expected, found)
+    if problems:
+        raise CheckpointError(
+            f"{directory} does not match its config ({config.shape_summary()}):\n  "
+            + "\n  ".join(problems)
+        )
+
+    head: torch.Tensor | None = None
+    for name in files:
+        with safe_open(directory / name, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key in IGNORED_KEYS:
+                    continue
+                tensor = f.get_tensor(key).to(device=device, dtype=dtype)
+                if key == TIED_HEAD:
+                    head = tensor
+                    continue
+                _set_parameter(model, key, tensor)
+    model.lm_head.weight = model.transformer.wte.weight
+    if head is not None and not torch.equal(head, model.transformer.wte.weight):
+        raise CheckpointError(
+            f"{directory} stores an lm_head.weight that differs from transformer.wte.weight, but "
+            "this architecture ties the head to the embedding (tie_embeddings=true)"
+        )
+    del head
+    model.register_buffer(
+        "rope", rope_table(config.head_dim, config.block_size, config.rope_base, device), False
+    )
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if still_meta:  # pragma: no cover - check_tensors makes this unreachable
+        raise CheckpointError(f"{directory} left parameters unset: {', '.join(still_meta)}")
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if (directory / TOKENIZER_FILE).is_file():
+        from .tokenizer import HuginnTokenizer
+
+        model.tokenizer = HuginnTokenizer.from_file(directory / TOKENIZER_FILE)
+    return model.eval()
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose from {', '.join(names)}")
+    return names[dtype]
+
+
+# Writing -----------------------------------------------------------------------------------------
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it replaces ``path`` in one rename.
+
+    If the block raises (or the process dies), ``path`` keeps its previous content and the temporary
+    directory is removed (or left as a hidden ``.NAME.tmp-*`` sibling that the next save ignores).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        for child in tmp.iterdir():
+            if child.is_file():
+                _fsync(child)
+        _fsync(tmp)
+        trash = None
+        if target.exists():
+            trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(target, trash)
+        os.rename(tmp, target)
+        _fsync(target.parent)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_checkpoint_files(
+    model: RecurrentLM, directory: str | os.PathLike, max_shard_bytes: int | None = None
+) -> None:
+    """Write config.json, the weights (one file, or shards + index) and tokenizer.json into a directory."""
+    directory = Path(directory)
+    model.config.to_json(directory / "config.json")
+    tensors = {
+        k: v.detach().to("cpu").contiguous()
+        for k, v in model.state_dict().items()
+        if k != TIED_HEAD
+    }
+    metadata = {"format": "pt"}
+    if max_shard_bytes is None:
+        save_file(tensors, directory / SINGLE_FILE, metadata=metadata)
+    else:
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for key, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][key] = t
+            size += nbytes
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, directory / name, metadata=metadata)
+            weight_map.update({k: name for k in shard})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    if model.tokenizer is not None:
+        model.tokenizer.save(directory / TOKENIZER_FILE)
+
+
+def save_pretrained(
+    model: RecurrentLM, path: str | os.PathLike, max_shard_bytes: int | None = None
+) -> None:
+    """Write the checkpoint atomically: a crash mid-write leaves ``path`` as it was."""
+    with atomic_directory(path) as tmp:
+        write_checkpoint_files(model, tmp, max_shard_bytes)

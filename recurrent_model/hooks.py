@@ -1,0 +1,96 @@
+"""Named hook points on every activation, TransformerLens-style.
+
+A :class:`HookPoint` is a plain callable placed in the forward pass. With no functions attached it returns
+its input untouched (one attribute check), so an un-hooked forward pays nothing measurable. Functions
+attached to it receive ``(tensor, hook)`` and may return a tensor that replaces the activation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+HookFn = Callable[[torch.Tensor, "Hook"], "torch.Tensor | None"]
+
+
+class HookError(ValueError):
+    """A hook name that does not exist, or a hook that returned an unusable replacement."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """What a hook function is told about the call: the hook's name and, for core hooks, the step.
+
+    ``step`` is the 1-based core iteration (0 for the initial state s_0 at ``core.hook_state``) and
+    ``None`` for hooks outside the recurrence.
+    """
+
+    name: str
+    step: int | None = None
+
+
+class HookPoint:
+    """An identity in the forward pass that calls the functions attached to it."""
+
+    __slots__ = ("name", "fns", "iterated")
+
+    def __init__(self, name: str, iterated: bool = False) -> None:
+        self.name = name
+        self.iterated = iterated  # fires once per core iteration
+        self.fns: list[HookFn] = []
+
+    def __call__(self, x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        if not self.fns:
+            return x
+        hook = Hook(self.name, step)
+        for fn in self.fns:
+            out = fn(x, hook)
+            if out is not None:
+                if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+                    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                    raise HookError(
+                        f"hook on {self.name!r} returned {got}; a replacement must be a tensor of "
+                        f"the activation's shape {tuple(x.shape)}"
+                    )
+                x = out.to(x.dtype)
+        return x
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self.name!r}, {len(self.fns)} fn)"
+
+
+NameFilter = "str | Callable[[str], bool] | list[str] | tuple[str, ...] | set[str] | None"
+
+
+def name_matcher(names_filter: object) -> Callable[[str], bool]:
+    """Turn a hook-name filter (a name, a list of names, a predicate or None = all) into a predicate."""
+    if names_filter is None:
+        return lambda name: True
+    if isinstance(names_filter, str):
+        return lambda name: name == names_filter
+    if callable(names_filter):
+        return names_filter  # type: ignore[return-value]
+    if isinstance(names_filter, list | tuple | set | frozenset):
+        wanted = set(names_filter)
+        return lambda name: name in wanted
+    raise HookError(
+        f"names_filter must be a hook name, a list of names or a predicate, got {names_filter!r}"
+    )
+
+
+class ActivationCache(dict):
+    """Activations recorded by ``run_with_cache``: hook name -> tensor.
+
+    Hooks that fire once per core iteration are stacked along a leading step axis:
+    ``core.hook_state`` is (num_steps + 1, B, T, h) holding s_0 … s_r, other per-iteration hooks
+    (``core.{j}.*``, ``core.hook_adapter``) are (num_steps, B, T, h) for steps 1 … r.
+    """
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            known = ", ".join(sorted(self)) or "nothing"
+            raise KeyError(f"{key!r} was not recorded; the cache holds: {known}") from None

@@ -1,0 +1,148 @@
+"""The building blocks of the recurrent-depth model, exactly as published.
+
+Every layer is a "sandwich" block: ``x = norm_2(x + Attn(norm_1(x)))``, ``x = norm_4(x + MLP(norm_3(x)))``.
+Attention uses a fused [Q; K; V] projection, a learned per-head bias on queries and keys added before
+interleaved-pair RoPE, and torch's scaled_dot_product_attention.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import RecurrentConfig
+from .hooks import HookPoint
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) in float32, cast back to the input dtype, times a learned weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Tensor:
+    """cos/sin of the RoPE angles, float32, shape (length, head_dim // 2, 2).
+
+    Pair j of a head (dimensions 2j, 2j+1) at position p is rotated by p · base^(−2j/head_dim).
+    """
+    exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
+    inv_freq = 1.0 / (base**exponents)
+    positions = torch.arange(length, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq).float()
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of ``x`` (B, T, heads, head_dim) by ``table`` (T, head_dim//2, 2).
+
+    Computed in float32 and cast back: (a, b) -> (a·cos − b·sin, b·cos + a·sin).
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    cos = table[:, None, :, 0]
+    sin = table[:, None, :, 1]
+    rotated = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    return rotated.type_as(x)
+
+
+class KVCacheSlot(Protocol):
+    """What attention needs from a KV cache: store this call's keys/values, return what to attend to.
+
+    ``update`` receives k and v as (B, heads, T_new, head_dim) and returns the keys and values to attend
+    over plus an optional boolean attention mask (True = attend); a None mask means plain causal.
+    """
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+
+
+class Attention(nn.Module):
+    def __init__(self, config: RecurrentConfig) -> None:
+        super().__init__()
+        h = config.n_embd
+        self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
+        self.Wqkv = nn.Linear(h, 3 * h, bias=False)
+        self.qk_bias = nn.Parameter(torch.zeros(2, 1, config.n_heads, config.head_dim))
+        self.proj = nn.Linear(h, h, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, cache: KVCacheSlot | None = None
+    ) -> torch.Tensor:
+        B, T, h = x.shape
+        q, k, v = self.Wqkv(x).split(h, dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_heads, self.head_dim)
+        v = v.view(B, T, self.n_heads, self.head_dim)
+        q = (q + self.qk_bias[0]).to(q.dtype)
+        k = (k + self.qk_bias[1]).to(k.dtype)
+        q = apply_rope(q, rope).transpose(1, 2)
+        k = apply_rope(k, rope).transpose(1, 2)
+        v = v.transpose(1, 2)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k, v, mask = cache.update(k, v)
+            if mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(B, T, h))
+
+
+class GatedMLP(nn.Module):
+    """One fc projection to 2·I, split: SiLU(first half) · second half, then proj back to h."""
+
+    def __init__(self, config: RecurrentConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 2 * config.intermediate_size, bias=False)
+        self.proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(F.silu(gate) * up)
+
+
+class SandwichBlock(nn.Module):
+    """One decoder layer with a norm before and after each sub-layer, and hooks on its activations."""
+
+    def __init__(self, config: RecurrentConfig, name: str, iterated: bool = False) -> None:
+        super().__init__()
+        eps = config.norm_eps
+        self.norm_1 = RMSNorm(config.n_embd, eps)
+        self.attn = Attention(config)
+        self.norm_2 = RMSNorm(config.n_embd, eps)
+        self.norm_3 = RMSNorm(config.n_embd, eps)
+        self.mlp = GatedMLP(config)
+        self.norm_4 = RMSNorm(config.n_embd, eps)
+        self.hook_attn_out = HookPoint(f"{name}.hook_attn_out", iterated)
+        self.hook_resid_mid = HookPoint(f"{name}.hook_resid_mid", iterated)
+        self.hook_mlp_out = HookPoint(f"{name}.hook_mlp_out", iterated)
+        self.hook_resid_post = HookPoint(f"{name}.hook_resid_post", iterated)
+
+    def hook_points(self) -> list[HookPoint]:
+        return [self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        step: int | None = None,
+        cache: KVCacheSlot | None = None,
+    ) -> torch.Tensor:
+        attn_out = self.hook_attn_out(self.attn(self.norm_1(x), rope, cache), step)
+        x = self.hook_resid_mid(self.norm_2(attn_out + x), step)
+        mlp_out = self.hook_mlp_out(self.mlp(self.norm_3(x)), step)
+        return self.hook_resid_post(self.norm_4(mlp_out + x), step)

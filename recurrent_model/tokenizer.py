@@ -1,0 +1,116 @@
+"""The Huginn tokenizer: a thin wrapper over a Hugging Face ``tokenizers`` tokenizer.json.
+
+Special tokens are found by their text, so the same code serves the published 65,536-token vocabulary
+(specials at 65504 …) and smaller vocabularies trained by ``pretrain/`` (specials at V − 32 …).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+BOS = "<|begin_text|>"
+EOS = "<|end_text|>"
+BEGIN_HEADER = "<|begin_header|>"
+END_HEADER = "<|end_header|>"
+END_TURN = "<|end_turn|>"
+PAD = "<|pad|>"
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>")
+# In the order they follow each other from the first special id (65504 in the published vocabulary).
+SPECIAL_TOKENS = (BOS, EOS, BEGIN_HEADER, END_HEADER, END_TURN, PAD, *FIM_TOKENS)
+ASSISTANT_ROLE = "Huginn"
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be used, or text/ids it cannot handle."""
+
+
+def special_token_offset(vocab_size: int) -> int:
+    """Id of the first special token: 32 below the end of the vocabulary (65504 for 65536)."""
+    return vocab_size - 32
+
+
+class HuginnTokenizer:
+    """Encode/decode text and chat messages with the Huginn special tokens and chat template."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.backend = tokenizer
+        missing = [t for t in (BOS, EOS, BEGIN_HEADER, END_HEADER, END_TURN, PAD)
+                   if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise TokenizerError(
+                f"tokenizer lacks the Huginn special token(s) {', '.join(missing)}"
+            )
+        self.bos_id = tokenizer.token_to_id(BOS)
+        self.eos_id = tokenizer.token_to_id(EOS)
+        self.begin_header_id = tokenizer.token_to_id(BEGIN_HEADER)
+        self.end_header_id = tokenizer.token_to_id(END_HEADER)
+        self.end_turn_id = tokenizer.token_to_id(END_TURN)
+        self.pad_id = tokenizer.token_to_id(PAD)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> HuginnTokenizer:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"no tokenizer file at {path}")
+        try:
+            backend = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a generic Exception
+            raise TokenizerError(f"{path} is not a valid tokenizer.json: {exc}") from exc
+        return cls(backend)
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.backend.save(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Generation stops on BOS, EOS or end-of-turn (65504, 65505, 65508 in the published vocab)."""
+        return (self.bos_id, self.eos_id, self.end_turn_id)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """The text of each token on its own (for axis labels), specials kept."""
+        return [self.backend.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """BOS, then ``<|begin_header|>ROLE<|end_header|>\\n\\n`` + trimmed content + ``<|end_turn|>``.
+
+        The assistant role is written "Huginn"; the generation prompt opens an assistant header.
+        """
+        parts = [BOS]
+        for message in messages:
+            try:
+                role, content = message["role"], message["content"]
+            except (KeyError, TypeError) as exc:
+                raise TokenizerError(
+                    f"a chat message needs 'role' and 'content', got {message!r}"
+                ) from exc
+            if role == "assistant":
+                role = ASSISTANT_ROLE
+            parts.append(f"{BEGIN_HEADER}{role}{END_HEADER}\n\n{content.strip()}{END_TURN}")
+        if add_generation_prompt:
+            parts.append(f"{BEGIN_HEADER}{ASSISTANT_ROLE}{END_HEADER}\n\n")
+        return "".join(parts)
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.backend.encode(text, add_special_tokens=False).ids
