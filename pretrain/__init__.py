@@ -1,0 +1,1 @@
+"""pretrain: corpus, tokenizer, packing and lock-step recurrent-depth training."""

@@ -1,0 +1,1 @@
+"""workbench: collect latent trajectories of a recurrent-depth model and analyse them."""
