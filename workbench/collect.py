@@ -1,0 +1,196 @@
+"""Collect latent trajectories from a model: several seeds and init scales, batched."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .trajectory import Trajectory
+
+
+class TrajectoryTooLarge(MemoryError):
+    """A collection request that would not fit in the memory available for it."""
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process (MemAvailable on Linux, else physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_fits(needed: int, max_bytes: int | None, what: str) -> None:
+    """Raise TrajectoryTooLarge naming the size when ``needed`` exceeds the budget."""
+    budget = int(0.8 * available_memory()) if max_bytes is None else int(max_bytes)
+    if needed > budget:
+        raise TrajectoryTooLarge(
+            f"{what} needs about {_gib(needed)} ({needed:,} bytes) but only {_gib(budget)} is "
+            "available: use fewer steps, seeds or tokens, dtype=np.float16, or a smaller batch_size"
+        )
+
+
+def as_token_ids(input_ids: torch.Tensor | np.ndarray | Sequence[int]) -> torch.Tensor:
+    """One sequence as a (1, T) long tensor; (T,) and (1, T) inputs are accepted."""
+    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(
+            f"collect takes one non-empty sequence of token ids, (T,) or (1, T); got shape "
+            f"{tuple(ids.shape)}"
+        )
+    return ids[None]
+
+
+def run_plan(seeds: Sequence[int], init_scale: float | Sequence[float]) -> list[tuple[int, float]]:
+    """(seed, scale) for every run: every seed per scale; scale 0 once (s_0 = 0)."""
+    scales = [float(init_scale)] if np.isscalar(init_scale) else [float(s) for s in init_scale]
+    seeds = [int(s) for s in seeds]
+    if not seeds or not scales:
+        raise ValueError("collect needs at least one seed and one init scale")
+    if any(s < 0 for s in scales):
+        raise ValueError(f"init scales must be >= 0, got {scales}")
+    plan: list[tuple[int, float]] = []
+    for scale in scales:
+        for seed in seeds[:1] if scale == 0 else seeds:
+            if (seed, scale) not in plan:
+                plan.append((seed, scale))
+    return plan
+
+
+def initial_states(
+    model: torch.nn.Module, plan: Sequence[tuple[int, float]], shape: tuple[int, int]
+) -> torch.Tensor:
+    """s_0 for each run, (len(plan), T, h), each drawn from its own generator seeded by its seed.
+
+    Equal to the model's own draw for a batch of one with ``torch.Generator().manual_seed(seed)``,
+    so a run is reproducible whatever it is batched with.
+    """
+    T, h = shape
+    out = []
+    for seed, scale in plan:
+        template = torch.zeros(1, T, h, dtype=model.dtype)
+        gen = torch.Generator().manual_seed(seed)
+        out.append(model.initial_state(template, scale, gen)[0])
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def collect(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor | np.ndarray | Sequence[int],
+    num_steps: int,
+    seeds: Sequence[int] = (0,),
+    init_scale: float | Sequence[float] = 1.0,
+    *,
+    normalized: bool = True,
+    dtype: np.dtype | type = np.float32,
+    batch_size: int = 8,
+    max_bytes: int | None = None,
+    progress: bool = True,
+) -> Trajectory:
+    """Run ``input_ids`` for ``num_steps`` core iterations per (seed, init scale); keep s_0 … s_r.
+
+    Runs are batched ``batch_size`` at a time. ``dtype`` (float32 or float16) is the storage type.
+    ``max_bytes`` caps the memory the result may take (default: 80% of what is available); a
+    request over it raises ``TrajectoryTooLarge`` naming the size before any work is done.
+    """
+    ids = as_token_ids(input_ids)
+    num_steps = int(num_steps)
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    plan = run_plan(seeds, init_scale)
+    T, h = ids.shape[1], model.config.n_embd
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float16):
+        raise ValueError(f"dtype must be float32 or float16, got {dtype}")
+    batch_size = max(1, min(int(batch_size), len(plan)))
+    stored = len(plan) * (num_steps + 1) * T * h * dtype.itemsize
+    # raw + normalised view, plus the float32 cache of one batch while it runs.
+    working = batch_size * (num_steps + 1) * T * h * 4
+    check_fits(
+        2 * stored + working,
+        max_bytes,
+        f"{len(plan)} runs × {num_steps + 1} states × {T} "
+        f"tokens × h={h} in {dtype.name} (raw + normalised)",
+    )
+
+    raw = np.empty((len(plan), num_steps + 1, T, h), dtype=dtype)
+    init = initial_states(model, plan, (T, h))
+    device = model.device
+    batches = range(0, len(plan), batch_size)
+    for start in tqdm(batches, desc=f"collect {model.name}", disable=not progress, leave=False):
+        stop = min(start + batch_size, len(plan))
+        batch_ids = ids.expand(stop - start, T).to(device)
+        _, cache = model.run_with_cache(
+            batch_ids,
+            num_steps=num_steps,
+            init_state=init[start:stop].to(device),
+            names_filter="core.hook_state",
+            cache_device="cpu",
+        )
+        states = cache["core.hook_state"].float()  # (steps + 1, B, T, h)
+        raw[start:stop] = states.permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
+
+    tokenizer = getattr(model, "tokenizer", None)
+    id_list = ids[0].tolist()
+    tokens = (
+        tokenizer.token_strings(id_list) if tokenizer is not None else [str(i) for i in id_list]
+    )
+    return Trajectory(
+        raw_states=raw,
+        token_ids=ids[0].numpy().astype(np.int64),
+        tokens=list(tokens),
+        seeds=tuple(seed for seed, _ in plan),
+        init_scales=tuple(scale for _, scale in plan),
+        model_name=str(model.name),
+        norm_weight=model.transformer.ln_f.weight.detach().float().cpu().numpy(),
+        norm_eps=float(model.transformer.ln_f.eps),
+        normalized=normalized,
+    )
+
+
+@torch.no_grad()
+def collect_sublayers(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor | np.ndarray | Sequence[int],
+    num_steps: int,
+    seed: int = 0,
+    init_scale: float = 1.0,
+    max_bytes: int | None = None,
+) -> np.ndarray:
+    """Raw per-sub-layer core states core.{j}.hook_resid_post: (num_steps, n_core, T, h).
+
+    Index [i − 1, j] is the output of core layer j in iteration i; [i − 1, −1] equals s_i.
+    """
+    ids = as_token_ids(input_ids)
+    n_core = model.config.n_layers_in_recurrent_block
+    T, h = ids.shape[1], model.config.n_embd
+    check_fits(
+        2 * num_steps * n_core * T * h * 4,
+        max_bytes,
+        f"{num_steps} steps × {n_core} core layers × {T} tokens × h={h}",
+    )
+    names = [f"core.{j}.hook_resid_post" for j in range(n_core)]
+    init = initial_states(model, [(seed, float(init_scale))], (T, h))
+    _, cache = model.run_with_cache(
+        ids.to(model.device),
+        num_steps=num_steps,
+        init_state=init.to(model.device),
+        names_filter=lambda name: name in names,
+        cache_device="cpu",
+    )
+    return torch.stack([cache[n][:, 0].float() for n in names], dim=1).numpy()
