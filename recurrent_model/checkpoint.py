@@ -46,7 +46,9 @@ def weight_files(directory: Path) -> dict[str, list[str]]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is not a valid index (needs a 'weight_map'): {exc}") from exc
+            raise CheckpointError(
+                f"{index} is not a valid index (needs a 'weight_map'): {exc}"
+            ) from exc
         files: dict[str, list[str]] = {}
         for key, shard in weight_map.items():
             files.setdefault(shard, []).append(key)
@@ -80,7 +82,9 @@ def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, tupl
                 for key in keys:
                     found[key] = (name, tuple(f.get_slice(key).get_shape()))
         except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"{directory / name} is not a readable safetensors file: {exc}")
+            raise CheckpointError(
+                f"{directory / name} is not a readable safetensors file: {exc}"
+            ) from exc
         missing_from_shard = sorted(set(indexed_keys) - set(keys))
         if missing_from_shard:
             raise CheckpointError(
@@ -90,15 +94,15 @@ def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, tupl
     return found
 
 
-def check_tensors(
-    expected: dict[str, tuple], found: dict[str, tuple[str, tuple]]
-) -> list[str]:
+def check_tensors(expected: dict[str, tuple], found: dict[str, tuple[str, tuple]]) -> list[str]:
     """Every mismatch between the model's tensors and the file's, as readable lines."""
     problems = []
     for key in sorted(set(expected) - set(found) - {TIED_HEAD}):
         problems.append(f"missing tensor {key} (expected shape {list(expected[key])})")
     for key in sorted(set(found) - set(expected) - set(IGNORED_KEYS)):
-        problems.append(f"unexpected tensor {key} with shape {list(found[key][1])} in {found[key][0]}")
+        problems.append(
+            f"unexpected tensor {key} with shape {list(found[key][1])} in {found[key][0]}"
+        )
     for key in sorted(set(found) & set(expected)):
         if tuple(found[key][1]) != tuple(expected[key]):
             problems.append(
@@ -192,8 +196,14 @@ def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ConfigError(f"unknown dtype {dtype!r}; choose from {', '.join(names)}")
     return names[dtype]

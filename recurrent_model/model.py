@@ -1,9 +1,9 @@
 """RecurrentLM: prelude → core block iterated r times on a latent state → coda, with hooks everywhere.
 
-    e   = Prelude( sqrt(h) · Embedding(x) )
-    s_0 = TruncNormal(0, σ², ±3σ) · sqrt(h) · init_scale,   σ² = 2/(5h)
-    s_i = Core( Adapter( concat[s_{i−1}, e] ) ),   i = 1 … r
-    p   = softmax( lm_head( ln_f( Coda( ln_f(s_r) ) ) ) )
+e   = Prelude( sqrt(h) · Embedding(x) )
+s_0 = TruncNormal(0, σ², ±3σ) · sqrt(h) · init_scale,   σ² = 2/(5h)
+s_i = Core( Adapter( concat[s_{i−1}, e] ) ),   i = 1 … r
+p   = softmax( lm_head( ln_f( Coda( ln_f(s_r) ) ) ) )
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ class RecurrentLM(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # tied
         self.emb_scale = math.sqrt(config.n_embd)
         self.register_buffer(
-            "rope", rope_table(config.head_dim, config.block_size, config.rope_base), persistent=False
+            "rope",
+            rope_table(config.head_dim, config.block_size, config.rope_base),
+            persistent=False,
         )
         self.activation_checkpointing = False
         self.tokenizer: Any = None
@@ -247,7 +249,9 @@ class RecurrentLM(nn.Module):
         config's mean_backprop_depth); in eval mode every iteration does unless k is given.
         """
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}"
+            )
         num_steps = self.config.mean_recurrence if num_steps is None else int(num_steps)
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
@@ -342,7 +346,9 @@ class RecurrentLM(nn.Module):
         def store(x: torch.Tensor, point: HookPoint, step: int | None) -> None:
             x = x.detach()
             if not point.iterated:
-                cache[point.name] = x.to(device=cache_device or x.device, dtype=cache_dtype or x.dtype)
+                cache[point.name] = x.to(
+                    device=cache_device or x.device, dtype=cache_dtype or x.dtype
+                )
                 return
             is_state = point is self.hook_state
             if point.name not in cache:
@@ -364,8 +370,13 @@ class RecurrentLM(nn.Module):
         return output, cache
 
     # Generation ----------------------------------------------------------------------------------
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, num_steps: int | None = None,
-                 **kwargs: Any) -> Any:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        num_steps: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Autoregressive generation with the KV cache and the paper's inference features.
 
         See ``recurrent_model.generation.generate`` for every keyword argument.

@@ -38,8 +38,11 @@ class HuginnTokenizer:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.backend = tokenizer
-        missing = [t for t in (BOS, EOS, BEGIN_HEADER, END_HEADER, END_TURN, PAD)
-                   if tokenizer.token_to_id(t) is None]
+        missing = [
+            t
+            for t in (BOS, EOS, BEGIN_HEADER, END_HEADER, END_TURN, PAD)
+            if tokenizer.token_to_id(t) is None
+        ]
         if missing:
             raise TokenizerError(
                 f"tokenizer lacks the Huginn special token(s) {', '.join(missing)}"
