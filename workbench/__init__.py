@@ -5,8 +5,11 @@ Data flows one way: model → hooks → ``Trajectory`` → analyzers (DataFrames
 
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
+from .lenses import lens, sublayer_lens
 from .path_independence import attractor_distance, path_independence
 from .projections import project
+from .step_dynamics import step_dynamics
+from .token_correlation import token_correlation
 from .trajectory import Trajectory
 
 __all__ = [
@@ -16,7 +19,11 @@ __all__ = [
     "collect",
     "collect_sublayers",
     "convergence",
+    "lens",
     "path_independence",
     "project",
+    "step_dynamics",
     "steps_to_converge",
+    "sublayer_lens",
+    "token_correlation",
 ]

@@ -1,0 +1,61 @@
+"""The convergence heatmap: tokens × steps, colour = distance (log scale)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from ._style import labels_for
+
+
+def frame_matrix(frame: pd.DataFrame, value: str) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """(T, steps) matrix of ``value`` from a (position, step) long frame, row labels, step values."""
+    if value not in frame.columns:
+        raise ValueError(f"no column {value!r}; the frame has {list(frame.columns)}")
+    table = frame.pivot(index="position", columns="step", values=value).sort_index()
+    tokens = frame.drop_duplicates("position").set_index("position").loc[table.index, "token"]
+    return (
+        table.to_numpy(dtype=float),
+        labels_for(list(tokens), len(tokens)),
+        table.columns.to_numpy(),
+    )
+
+
+def convergence_heatmap(
+    frame: pd.DataFrame,
+    value: str = "distance_to_final",
+    log: bool = True,
+    title: str | None = None,
+) -> go.Figure:
+    """Heatmap of ``value`` (a ``convergence`` column) with token labels; log10 colour by default."""
+    matrix, labels, steps = frame_matrix(frame, value)
+    colour = matrix
+    colorbar: dict = dict(title=value)
+    if log:
+        positive = matrix[matrix > 0]
+        floor = positive.min() if positive.size else 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            colour = np.log10(np.where(matrix > 0, matrix, floor))
+        finite = colour[np.isfinite(colour)]
+        if finite.size:
+            ticks = np.arange(np.floor(finite.min()), np.ceil(finite.max()) + 1)
+            colorbar.update(tickvals=ticks, ticktext=[f"1e{int(t)}" for t in ticks])
+    fig = go.Figure(
+        go.Heatmap(
+            z=colour,
+            x=steps,
+            y=labels,
+            customdata=matrix,
+            colorscale="Viridis",
+            colorbar=colorbar,
+            hovertemplate="%{y}<br>step %{x}<br>" + value + " %{customdata:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title or f"{value} per token and step" + (" (log scale)" if log else ""),
+        xaxis_title="step",
+        yaxis=dict(title="token", autorange="reversed", type="category"),
+        height=max(300, 18 * len(labels) + 120),
+    )
+    return fig

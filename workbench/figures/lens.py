@@ -1,0 +1,83 @@
+"""Lens figures: a tokens × steps heatmap of a lens quantity, and a per-token top-k table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .convergence import frame_matrix
+
+
+def lens_heatmap(
+    frame: pd.DataFrame, value: str = "final_prob", title: str | None = None
+) -> go.Figure:
+    """Heatmap of a ``lens`` column (final_prob, final_rank, kl_to_final, entropy) per token and step.
+
+    Each cell shows the lens's top-1 token. With a ``sublayer`` column, rows are (step, sublayer).
+    """
+    frame = frame.copy()
+    if "sublayer" in frame.columns:
+        n_sub = int(frame["sublayer"].max()) + 1
+        frame["step"] = frame["step"] + frame["sublayer"] / n_sub
+    matrix, labels, steps = frame_matrix(frame, value)
+    top1 = frame.pivot(index="position", columns="step", values="top1_token").sort_index()
+    colour = np.log10(matrix) if value == "final_rank" else matrix
+    fig = go.Figure(
+        go.Heatmap(
+            z=colour,
+            x=steps,
+            y=labels,
+            text=top1.to_numpy(),
+            texttemplate="%{text}" if matrix.size <= 600 else None,
+            customdata=matrix,
+            colorscale="Viridis",
+            reversescale=value in ("kl_to_final", "entropy", "final_rank"),
+            colorbar=dict(title=("log10 " if value == "final_rank" else "") + value),
+            hovertemplate="%{y}<br>step %{x}<br>top-1 %{text}<br>"
+            + value
+            + " %{customdata:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title or f"lens: {value}",
+        xaxis_title="step",
+        yaxis=dict(title="token", autorange="reversed", type="category"),
+        height=max(300, 22 * len(labels) + 120),
+    )
+    return fig
+
+
+def lens_table(frame: pd.DataFrame, position: int) -> go.Figure:
+    """The lens's top-k tokens (with probabilities) per step for one position, as a table."""
+    rows = frame[frame["position"] == position].sort_values(
+        [c for c in ("step", "sublayer") if c in frame.columns]
+    )
+    if rows.empty:
+        raise ValueError(f"no lens rows for position {position}")
+    step = rows["step"].astype(str)
+    if "sublayer" in rows.columns:
+        step = step + "." + rows["sublayer"].astype(str)
+    topk = [
+        ", ".join(f"{t!r} {p:.2f}" for t, p in zip(ts, ps))
+        for ts, ps in zip(rows["topk_tokens"], rows["topk_probs"])
+    ]
+    header = ["step", "top-k (prob)", "final rank", "final prob", "KL to final", "entropy"]
+    cells = [
+        step,
+        topk,
+        rows["final_rank"],
+        rows["final_prob"].round(3),
+        rows["kl_to_final"].round(3),
+        rows["entropy"].round(3),
+    ]
+    fig = go.Figure(
+        go.Table(
+            header=dict(values=header),
+            cells=dict(values=cells, align="left"),
+            columnwidth=[1, 6, 1, 1, 1, 1],
+        )
+    )
+    token = rows["token"].iloc[0]
+    fig.update_layout(title=f"lens for position {position}: {token!r}", height=600)
+    return fig
