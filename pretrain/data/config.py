@@ -1,0 +1,106 @@
+"""Configuration and result types of the data pipeline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STARTER = "starter"
+STARTER_SIZES = ("tiny", "small", "full")
+INVALID_UTF8_POLICIES = ("replace", "skip")
+
+
+class DataError(ValueError):
+    """A corpus, source or prepared-data directory that cannot be used."""
+
+
+@dataclass
+class DataConfig:
+    """What to read, how to tokenize it and how to pack it into rows of ``block_size + 1`` tokens."""
+
+    sources: list[str] = field(default_factory=lambda: [STARTER])
+    keep_all_sources: list[str] = field(default_factory=list)
+    vocab_size: int = 4096
+    block_size: int = 256
+    val_fraction: float = 0.05
+    seed: int = 0
+    starter_size: str = "small"
+    tokenizer_path: str | None = None
+    invalid_utf8: str = "replace"
+
+    def validate(self) -> None:
+        if not self.sources:
+            raise DataError("DataConfig.sources is empty: name at least one source")
+        if self.vocab_size < 256 + 32 + 1:
+            raise DataError(
+                f"vocab_size {self.vocab_size} is too small: byte-level BPE needs 256 byte tokens "
+                "plus the 32 special tokens"
+            )
+        if self.vocab_size > 2**32:
+            raise DataError(f"vocab_size {self.vocab_size} does not fit in uint32 shards")
+        if self.block_size < 1:
+            raise DataError(f"block_size must be positive, got {self.block_size}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise DataError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.starter_size not in STARTER_SIZES:
+            raise DataError(
+                f"starter_size must be one of {', '.join(STARTER_SIZES)}, got {self.starter_size!r}"
+            )
+        if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
+            raise DataError(
+                f"invalid_utf8 must be one of {', '.join(INVALID_UTF8_POLICIES)}, "
+                f"got {self.invalid_utf8!r}"
+            )
+        unknown = set(self.keep_all_sources) - set(self.sources)
+        unknown = {s for s in unknown if s.split(":", 1)[0] not in self.sources}
+        if unknown:
+            raise DataError(f"keep_all_sources names unknown source(s): {sorted(unknown)}")
+
+
+@dataclass
+class PreparedData:
+    """A built dataset: tokenizer, packed train/val shards and what went into them.
+
+    ``shards`` maps a split to ``[[file name relative to directory, rows], ...]``.
+    """
+
+    directory: Path
+    tokenizer_path: Path
+    corpus_hash: str
+    train_rows: int
+    val_rows: int
+    block_size: int
+    vocab_size: int
+    stats: dict[str, Any]
+    shards: dict[str, list[list[Any]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["directory"] = str(self.directory)
+        data["tokenizer_path"] = str(self.tokenizer_path.relative_to(self.directory))
+        return data
+
+    @classmethod
+    def from_json(cls, directory: Path, data: dict[str, Any]) -> PreparedData:
+        data = dict(data)
+        data["directory"] = Path(directory)
+        data["tokenizer_path"] = Path(directory) / data["tokenizer_path"]
+        return cls(**data)
+
+    def shard_paths(self, split: str) -> list[tuple[Path, int]]:
+        if split not in self.shards:
+            raise DataError(f"no split {split!r} in {self.directory} (have {sorted(self.shards)})")
+        return [(self.directory / name, int(rows)) for name, rows in self.shards[split]]
+
+    def summary(self) -> str:
+        return json.dumps(
+            {
+                "train_rows": self.train_rows,
+                "val_rows": self.val_rows,
+                "block_size": self.block_size,
+                "vocab_size": self.vocab_size,
+                "corpus_hash": self.corpus_hash[:16],
+            }
+        )

@@ -1,0 +1,198 @@
+"""Readers for user corpora: directories of text/code files, JSONL and parquet with a ``text`` column.
+
+Every reader yields :class:`Document` objects and records what it replaced or skipped in a
+:class:`ReadStats`. Invalid UTF-8 is replaced by U+FFFD (one per bad byte) or, with the "skip" policy,
+the file / line / row is skipped; both are counted. A file that cannot be read at all is a
+:class:`DataError` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import DataError
+
+BINARY_PROBE_BYTES = 8192
+_SURROGATE_ESCAPES = re.compile("[\udc80-\udcff]")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: its text, the configured source it came from and a finer kind for stats."""
+
+    text: str
+    source: str
+    kind: str = ""
+
+
+@dataclass
+class ReadStats:
+    """What the readers replaced or skipped, and how many documents each source gave."""
+
+    invalid_utf8_files: int = 0
+    invalid_utf8_bytes_replaced: int = 0
+    invalid_utf8_skipped: int = 0
+    binary_files_skipped: int = 0
+    empty_documents_skipped: int = 0
+    docs_per_source: Counter = field(default_factory=Counter)
+    docs_per_kind: Counter = field(default_factory=Counter)
+    bytes_per_source: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {
+            "invalid_utf8_files": self.invalid_utf8_files,
+            "invalid_utf8_bytes_replaced": self.invalid_utf8_bytes_replaced,
+            "invalid_utf8_skipped": self.invalid_utf8_skipped,
+            "binary_files_skipped": self.binary_files_skipped,
+            "empty_documents_skipped": self.empty_documents_skipped,
+            "docs_per_source": dict(sorted(self.docs_per_source.items())),
+            "docs_per_kind": dict(sorted(self.docs_per_kind.items())),
+            "bytes_per_source": dict(sorted(self.bytes_per_source.items())),
+        }
+
+
+def decode_utf8(data: bytes) -> tuple[str, int]:
+    """Decode UTF-8, replacing each invalid byte by U+FFFD; returns (text, invalid byte count)."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        pass
+    escaped = data.decode("utf-8", errors="surrogateescape")
+    text, bad = _SURROGATE_ESCAPES.subn("\ufffd", escaped)
+    return text, bad
+
+
+class _Decoder:
+    """Applies the invalid-UTF-8 policy and counts what it did, per file."""
+
+    def __init__(self, policy: str, stats: ReadStats) -> None:
+        self.policy = policy
+        self.stats = stats
+
+    def __call__(self, data: bytes, file_flagged: list[bool]) -> str | None:
+        text, bad = decode_utf8(data)
+        if not bad:
+            return text
+        if not file_flagged[0]:
+            self.stats.invalid_utf8_files += 1
+            file_flagged[0] = True
+        if self.policy == "skip":
+            self.stats.invalid_utf8_skipped += 1
+            return None
+        self.stats.invalid_utf8_bytes_replaced += bad
+        return text
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read corpus file {path}: {exc.strerror or exc}") from exc
+
+
+def _is_hidden(rel: Path) -> bool:
+    return any(part.startswith(".") or part == "__pycache__" for part in rel.parts)
+
+
+def list_text_files(directory: Path, seed: int) -> list[Path]:
+    """Every regular, non-hidden file under ``directory``, in a seeded shuffled order."""
+    files = []
+    for root, dirs, names in os.walk(directory, onerror=_raise_walk_error):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(root) / name
+            if not _is_hidden(path.relative_to(directory)) and not path.is_symlink():
+                files.append(path)
+    random.Random(f"files:{seed}").shuffle(files)
+    return files
+
+
+def _raise_walk_error(exc: OSError) -> None:
+    raise DataError(f"cannot list corpus directory {exc.filename}: {exc.strerror or exc}") from exc
+
+
+def read_directory(
+    directory: Path, source: str, seed: int, policy: str, stats: ReadStats
+) -> Iterator[Document]:
+    """Each text/code file is one document; binary files (a NUL byte near the start) are skipped."""
+    decode = _Decoder(policy, stats)
+    for path in list_text_files(directory, seed):
+        data = _read_bytes(path)
+        if b"\x00" in data[:BINARY_PROBE_BYTES]:
+            stats.binary_files_skipped += 1
+            continue
+        text = decode(data, [False])
+        if text is not None:
+            yield Document(text, source, path.suffix.lstrip(".") or "text")
+
+
+def read_jsonl(path: Path, source: str, policy: str, stats: ReadStats) -> Iterator[Document]:
+    """One JSON object per line with a string ``text`` field; blank lines are ignored."""
+    decode = _Decoder(policy, stats)
+    flagged = [False]
+    for lineno, raw in enumerate(_read_bytes(path).split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        line = decode(raw, flagged)
+        if line is None:
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
+        yield Document(record["text"], source, "jsonl")
+
+
+def read_parquet(path: Path, source: str, policy: str, stats: ReadStats) -> Iterator[Document]:
+    """The ``text`` column (string or binary) of a parquet file, batch by batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot read parquet file {path}: {exc}") from exc
+    if "text" not in parquet.schema_arrow.names:
+        raise DataError(f"{path} has no 'text' column (columns: {parquet.schema_arrow.names})")
+    column_type = parquet.schema_arrow.field("text").type
+    is_binary = pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)
+    decode = _Decoder(policy, stats)
+    flagged = [False]
+    try:
+        for batch in parquet.iter_batches(columns=["text"], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                if value is None:
+                    continue
+                if is_binary:
+                    value = decode(value, flagged)
+                    if value is None:
+                        continue
+                yield Document(value, source, "parquet")
+    except pa.ArrowException as exc:
+        raise DataError(f"cannot read parquet file {path}: {exc}") from exc
+
+
+def read_source(source: str, seed: int, policy: str, stats: ReadStats) -> Iterator[Document]:
+    """Documents of one configured source path (directory, .jsonl, .parquet or a single text file)."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"corpus source {source!r} does not exist")
+    if path.is_dir():
+        yield from read_directory(path, source, seed, policy, stats)
+    elif path.suffix == ".jsonl":
+        yield from read_jsonl(path, source, policy, stats)
+    elif path.suffix == ".parquet":
+        yield from read_parquet(path, source, policy, stats)
+    else:
+        text = _Decoder(policy, stats)(_read_bytes(path), [False])
+        if text is not None:
+            yield Document(text, source, path.suffix.lstrip(".") or "text")
