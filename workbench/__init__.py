@@ -5,6 +5,7 @@ Data flows one way: model → hooks → ``Trajectory`` → analyzers (DataFrames
 
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
+from .dynamics import classify_dynamics
 from .lenses import lens, sublayer_lens
 from .path_independence import attractor_distance, path_independence
 from .projections import project
@@ -16,6 +17,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryTooLarge",
     "attractor_distance",
+    "classify_dynamics",
     "collect",
     "collect_sublayers",
     "convergence",

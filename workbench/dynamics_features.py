@@ -1,0 +1,180 @@
+"""Per-token measurements on the tail of one latent trajectory (used by `workbench.dynamics`).
+
+A tail is an array (W + 1, h): the last W steps of one token's states. Every function here is pure
+numpy/scipy on one tail; `workbench.dynamics` turns the numbers into a kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+_TINY = 1e-30
+
+
+def _safe_ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:
+    """num / den, 0 where den is 0 (a zero trajectory does not move)."""
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=den > 0)
+
+
+def tail_pca(tails: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-token PCA of tails (T, W + 1, h) through the (W + 1)² Gram matrix (cheap for large h).
+
+    Returns scores (T, W + 1, k), unit components (T, k, h) and total variance (T,); components of
+    zero variance are zero.
+    """
+    centred = tails - tails.mean(axis=1, keepdims=True)
+    gram = centred @ np.swapaxes(centred, 1, 2)
+    evals, evecs = np.linalg.eigh(gram)
+    evals, evecs = np.clip(evals[:, ::-1][:, :k], 0, None), evecs[:, :, ::-1][:, :, :k]
+    sd = np.sqrt(evals)
+    keep = sd > 1e-9 * np.maximum(sd[:, :1], _TINY)
+    scores = evecs * (sd * keep)[:, None, :]
+    inv = np.divide(1.0, sd, out=np.zeros_like(sd), where=keep)
+    components = np.swapaxes(evecs * inv[:, None, :], 1, 2) @ centred
+    return scores, components, np.trace(gram, axis1=1, axis2=2)
+
+
+def _log_slope(values: np.ndarray) -> tuple[float, float]:
+    """Slope and R² of a least-squares line through log(values) against the step index."""
+    logs = np.log(values + _TINY)
+    t = np.arange(len(logs), dtype=float)
+    slope, intercept = np.polyfit(t, logs, 1)
+    total = np.sum((logs - logs.mean()) ** 2)
+    resid = np.sum((logs - slope * t - intercept) ** 2)
+    return float(slope), float(1 - resid / total) if total > 0 else 0.0
+
+
+def convergence_features(tail: np.ndarray, scores: np.ndarray, last: int = 4) -> dict[str, float]:
+    """Step sizes of a tail (W + 1, h) with its top PC scores (W + 1, k).
+
+    `contraction` = exp(slope) of a least-squares line through the log step norms measured in the
+    top-3 PC space (where i.i.d. noise is mostly projected out), the ratio of successive steps (< 1
+    for geometric convergence), and `contraction_fit` its R². `spread` = RMS distance to the tail
+    mean / mean norm; `jitter_ratio` = mean ‖Δ‖² / (2 · mean ‖x − x̄‖²), about 1 for i.i.d. jitter
+    around a point and small for any smooth motion.
+    """
+    steps = np.linalg.norm(np.diff(tail, axis=0), axis=1)
+    norms = np.linalg.norm(tail[1:], axis=1)
+    rel = _safe_ratio(steps, norms)
+    slope, fit = _log_slope(np.linalg.norm(np.diff(scores[:, :3], axis=0), axis=1))
+    spread_sq = np.mean(np.sum((tail - tail.mean(axis=0)) ** 2, axis=1))
+    return dict(
+        final_step_size=float(rel[-1]),
+        tail_relative_step=float(np.median(rel[-last:])),
+        contraction=float(np.exp(slope)),
+        contraction_fit=fit,
+        spread=float(_safe_ratio(np.sqrt(spread_sq), norms.mean())),
+        jitter_ratio=float(_safe_ratio(np.mean(steps**2), 2 * spread_sq)),
+    )
+
+
+def drift_features(tail: np.ndarray, chunks: int = 8) -> dict[str, float]:
+    """Directional drift: least-squares velocity, its variance share and coarse straightness.
+
+    `drift_velocity_norm` = ‖β‖ of x_t ≈ x̄ + β (t − t̄) (distance per step); `drift_variance_share` =
+    the share of tail variance along β; `straightness` = net displacement / path length, the path
+    measured over `chunks` equal chunks so that per-step noise does not inflate it (a random walk
+    scores about 1/sqrt(chunks), a straight drift 1).
+    """
+    n = len(tail)
+    t = np.arange(n, dtype=float) - (n - 1) / 2
+    centred = tail - tail.mean(axis=0)
+    beta = t @ centred / np.sum(t**2)
+    speed = float(np.linalg.norm(beta))
+    total_var = float(np.sum(centred**2))
+    along = centred @ (beta / speed) if speed > 0 else np.zeros(n)
+    stride = max(1, (n - 1) // chunks)
+    idx = np.unique(np.r_[np.arange(0, n, stride), n - 1])
+    path = np.sum(np.linalg.norm(np.diff(tail[idx], axis=0), axis=1))
+    net = np.linalg.norm(tail[-1] - tail[0])
+    return dict(
+        drift_velocity_norm=speed,
+        drift_variance_share=float(_safe_ratio(np.sum(along**2), total_var)),
+        straightness=float(_safe_ratio(net, path)),
+    )
+
+
+@dataclass(frozen=True)
+class RotationFit:
+    """Best single-frequency fit Y_t ≈ c + a cos(ωt) + b sin(ωt) of the tail's top-k PC scores.
+
+    `plane` (2, h) is an orthonormal basis of span(a, b) mapped back to R^h; `share` the fraction of
+    the tail's variance the fit explains; `aspect` the ellipse's minor/major axis ratio;
+    `angle_speed` the median per-step advance of the angle in the fitted ellipse's own coordinates;
+    `consistency` the fraction of steps whose advance is within 50 % of ω.
+    """
+
+    omega: float
+    share: float
+    angle_speed: float
+    consistency: float
+    aspect: float
+    plane: np.ndarray
+
+
+def _design(omegas: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Stacked design matrices [1, cos ωt, sin ωt] of shape (len(omegas), len(t), 3)."""
+    phase = omegas[:, None] * t[None, :]
+    return np.stack([np.ones_like(phase), np.cos(phase), np.sin(phase)], axis=-1)
+
+
+def _explained(omegas: np.ndarray, t: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Fraction of ‖scores‖² explained by the sinusoid at each ω (floating mean included)."""
+    q, _ = np.linalg.qr(_design(omegas, t))
+    proj = np.einsum("mnj,nk->mjk", q, scores)
+    return np.sum(proj**2, axis=(1, 2)) / max(float(np.sum(scores**2)), _TINY)
+
+
+def best_frequency(scores: np.ndarray, oversample: int = 4) -> tuple[float, float]:
+    """(ω, explained share) maximising the sinusoid fit over ω in (0, π), refined off-grid."""
+    n = len(scores)
+    t = np.arange(n, dtype=float) - (n - 1) / 2
+    step = np.pi / (oversample * n)
+    omegas = np.arange(step, np.pi - step / 2, step)
+    share = _explained(omegas, t, scores)
+    best = int(np.argmax(share))
+    lo, hi = omegas[max(best - 1, 0)], omegas[min(best + 1, len(omegas) - 1)]
+    res = minimize_scalar(
+        lambda w: -_explained(np.array([w]), t, scores)[0],
+        bounds=(lo, hi),
+        method="bounded",
+        options=dict(xatol=1e-7),
+    )
+    if -res.fun >= share[best]:
+        return float(res.x), float(-res.fun)
+    return float(omegas[best]), float(share[best])
+
+
+def _angle_stats(coords: np.ndarray, omega: float) -> tuple[float, float]:
+    """Median angle advance per step and share of advances within 50 % of ω."""
+    theta = np.arctan2(coords[:, 1], coords[:, 0])
+    advance = np.angle(np.exp(1j * np.diff(theta)))
+    consistent = np.abs(np.angle(np.exp(1j * (advance - omega)))) <= 0.5 * omega
+    return float(np.median(advance)), float(np.mean(consistent))
+
+
+def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: float) -> RotationFit:
+    """Fit the dominant rotation of a tail from its top PC scores (W + 1, k) and components (k, h)."""
+    n, h = len(scores), components.shape[1]
+    if total_var <= 0 or not np.any(scores):
+        return RotationFit(np.nan, 0.0, np.nan, 0.0, 0.0, np.zeros((2, h)))
+    omega, share = best_frequency(scores)
+    t = np.arange(n, dtype=float) - (n - 1) / 2
+    coef, *_ = np.linalg.lstsq(_design(np.array([omega]), t)[0], scores, rcond=None)
+    axes = coef[1:].T  # (k, 2): a and b
+    sv = np.linalg.svd(axes, compute_uv=False)
+    coords = (scores - coef[0]) @ np.linalg.pinv(axes).T
+    angle_speed, consistency = _angle_stats(coords, omega)
+    basis, _ = np.linalg.qr(components.T @ axes)
+    return RotationFit(
+        omega=omega,
+        share=share * float(np.sum(scores**2) / total_var),
+        angle_speed=angle_speed,
+        consistency=consistency,
+        aspect=float(_safe_ratio(sv[-1], sv[0])),
+        plane=basis.T,
+    )

@@ -1,0 +1,172 @@
+"""Synthetic latent trajectories with known dynamics, to validate `classify_dynamics`.
+
+Every trajectory lives in R^h around a random centre c with ‖c‖ = sqrt(h) (RMS 1, like ln_f output);
+sizes below (radii, speeds, noise) are fractions of ‖c‖. After optional isotropic Gaussian noise each
+state is RMS-normalised (x / rms(x)), as ln_f does without its weight.
+
+Kinds and subtypes (label `kind`, `subtype`, `period` = steps per revolution of the dominant rotation):
+  orbit:       circle, ellipse, quasi (two planes, the second with 20–60 % of the amplitude);
+               all preceded by a converging transient.
+  slider:      line, curved (direction bends up to ~50°), wobble (line + a small rotation).
+  fixed_point: fast (contraction 0.5–0.8 per step), slow (0.88–0.95), spiral (damped rotation).
+  other:       walk (Gaussian random walk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+SUBTYPES: dict[str, tuple[str, ...]] = {
+    "orbit": ("circle", "ellipse", "quasi"),
+    "slider": ("line", "curved", "wobble"),
+    "fixed_point": ("fast", "slow", "spiral"),
+    "other": ("walk",),
+}
+NOISE_LEVELS: tuple[float, ...] = (0.0, 1e-3, 3e-3, 1e-2)
+MIN_PERIOD, MAX_PERIOD = 4.0, 60.0
+
+
+@dataclass(frozen=True)
+class SyntheticSet:
+    """States (steps + 1, T, h) of T synthetic tokens and their labels (one row per token)."""
+
+    states: np.ndarray
+    labels: pd.DataFrame
+
+
+def rms_normalise(x: np.ndarray) -> np.ndarray:
+    """x / rms(x) along the last axis (ln_f without weight); zero vectors stay zero."""
+    rms = np.sqrt(np.mean(x**2, axis=-1, keepdims=True))
+    return np.divide(x, rms, out=np.zeros_like(x), where=rms > 0)
+
+
+def _unit(rng: np.random.Generator, h: int, n: int) -> np.ndarray:
+    """n orthonormal random directions of R^h as rows (n, h)."""
+    q, _ = np.linalg.qr(rng.standard_normal((h, n)))
+    return q.T
+
+
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+
+
+def _rotation(t: np.ndarray, period: float, phase: float) -> tuple[np.ndarray, np.ndarray]:
+    angle = 2 * np.pi * t / period + phase
+    return np.cos(angle), np.sin(angle)
+
+
+def _transient(t: np.ndarray, rng: np.random.Generator, h: int, scale: float) -> np.ndarray:
+    """A converging transient A q^t d with q in [0.6, 0.85] (gone by the second half)."""
+    q = rng.uniform(0.6, 0.85)
+    d = _unit(rng, h, 1)[0]
+    return scale * rng.uniform(0.3, 1.0) * np.outer(q**t, d)
+
+
+def _orbit(sub: str, t: np.ndarray, rng: np.random.Generator, h: int, max_period: float):
+    norm = np.sqrt(h)
+    period = _log_uniform(rng, MIN_PERIOD, max_period)
+    radius = rng.uniform(0.05, 0.3) * norm
+    u, v, u2, v2 = _unit(rng, h, 4)
+    cos, sin = _rotation(t, period, rng.uniform(0, 2 * np.pi))
+    aspect = rng.uniform(0.3, 0.8) if sub == "ellipse" else 1.0
+    x = radius * (np.outer(cos, u) + aspect * np.outer(sin, v))
+    if sub == "quasi":
+        period2 = _log_uniform(rng, MIN_PERIOD, MAX_PERIOD)
+        while abs(period2 / period - 1) < 0.2:
+            period2 = _log_uniform(rng, MIN_PERIOD, MAX_PERIOD)
+        cos2, sin2 = _rotation(t, period2, rng.uniform(0, 2 * np.pi))
+        x += rng.uniform(0.2, 0.6) * radius * (np.outer(cos2, u2) + np.outer(sin2, v2))
+    return x + _transient(t, rng, h, norm), period
+
+
+def _slider(sub: str, t: np.ndarray, rng: np.random.Generator, h: int):
+    norm, steps = np.sqrt(h), t[-1]
+    speed = rng.uniform(0.003, 0.008) * norm
+    d1, d2, d3, d4 = _unit(rng, h, 4)
+    x = speed * np.outer(t, d1)
+    if sub == "curved":  # the velocity turns by up to ~50 degrees over the run
+        bend = rng.uniform(0.3, 0.6)
+        x += speed * bend * np.outer(t**2 / steps, d2)
+    if sub == "wobble":  # a rotation whose speed is 20-50 % of the drift speed
+        period = rng.uniform(6, 30)
+        amp = rng.uniform(0.2, 0.5) * speed * period / (2 * np.pi)
+        cos, sin = _rotation(t, period, rng.uniform(0, 2 * np.pi))
+        x += amp * (np.outer(cos, d3) + np.outer(sin, d4))
+    return x + _transient(t, rng, h, 0.3 * norm), np.nan
+
+
+def _fixed(sub: str, t: np.ndarray, rng: np.random.Generator, h: int):
+    norm = np.sqrt(h)
+    q = rng.uniform(0.5, 0.8) if sub == "fast" else rng.uniform(0.88, 0.95)
+    amp = rng.uniform(0.2, 1.0) * norm
+    u, v = _unit(rng, h, 2)
+    if sub == "spiral":
+        cos, sin = _rotation(t, _log_uniform(rng, MIN_PERIOD, MAX_PERIOD), 0.0)
+        return amp * (q**t)[:, None] * (np.outer(cos, u) + np.outer(sin, v)), np.nan
+    return amp * np.outer(q**t, u), np.nan
+
+
+def _walk(sub: str, t: np.ndarray, rng: np.random.Generator, h: int):
+    step = rng.uniform(0.005, 0.02)  # per-coordinate std = step norm / sqrt(h)
+    steps = rng.normal(0.0, step, size=(len(t), h))
+    steps[0] = 0.0
+    return np.cumsum(steps, axis=0), np.nan
+
+
+_MAKERS: dict[str, Callable] = {"slider": _slider, "fixed_point": _fixed, "other": _walk}
+
+
+def make_trajectory(
+    kind: str, subtype: str, steps: int, h: int, noise: float, rng: np.random.Generator
+) -> tuple[np.ndarray, float]:
+    """One labelled trajectory (steps + 1, h), RMS-normalised, and its period (NaN unless orbit).
+
+    Orbit periods are drawn log-uniformly in [4, min(60, steps // 2)] so that the default tail
+    (half of the run) holds at least one revolution.
+    """
+    if subtype not in SUBTYPES[kind]:
+        raise ValueError(f"unknown subtype {subtype!r} for kind {kind!r}")
+    t = np.arange(steps + 1, dtype=float)
+    if kind == "orbit":
+        x, period = _orbit(subtype, t, rng, h, min(MAX_PERIOD, steps // 2))
+    else:
+        x, period = _MAKERS[kind](subtype, t, rng, h)
+    centre = rng.standard_normal(h)
+    x = x + centre * np.sqrt(h) / np.linalg.norm(centre)
+    x = x + noise * rng.standard_normal(x.shape)  # per-coordinate std = noise * rms(c)
+    return rms_normalise(x), period
+
+
+def make_set(
+    cases: list[tuple[str, str, float]], steps: int, h: int, rng: np.random.Generator
+) -> SyntheticSet:
+    """Trajectories for (kind, subtype, noise) cases, stacked as (steps + 1, T, h)."""
+    trajs, rows = [], []
+    for token, (kind, subtype, noise) in enumerate(cases):
+        x, period = make_trajectory(kind, subtype, steps, h, noise, rng)
+        trajs.append(x)
+        rows.append(dict(token=token, kind=kind, subtype=subtype, period=period, noise=noise))
+    labels = pd.DataFrame(rows).assign(steps=steps, h=h)
+    return SyntheticSet(states=np.stack(trajs, axis=1), labels=labels)
+
+
+def make_benchmark(
+    seed: int = 0,
+    repeats: int = 2,
+    sizes: tuple[tuple[int, int], ...] = ((64, 64), (96, 128), (128, 256)),
+    noise_levels: tuple[float, ...] = NOISE_LEVELS,
+) -> list[SyntheticSet]:
+    """The benchmark: for each (steps, h) size, `repeats` tokens per subtype and noise level."""
+    rng = np.random.default_rng(seed)
+    cases = [
+        (kind, sub, noise)
+        for kind, subs in SUBTYPES.items()
+        for sub in subs
+        for noise in noise_levels
+        for _ in range(repeats)
+    ]
+    return [make_set(cases, steps, h, rng) for steps, h in sizes]
