@@ -54,7 +54,7 @@ def attractor_distance(
     For each pair of seeds, the symmetric mean nearest-neighbour distance between their tail point
     sets; averaged over pairs and divided by the mean tail norm (``attractor_distance``).
     Small for a shared fixed point and for a shared orbit traversed with a different phase.
-    ``final_spread`` is the instantaneous spread at the last step, for comparison.
+    ``final_spread`` is the instantaneous spread at the last step (as in ``path_independence``).
     """
     z = as_states(states_by_seed, ndim=4, what="states_by_seed").astype(np.float64)
     n_seeds, n_steps, T, _ = z.shape
@@ -74,12 +74,13 @@ def attractor_distance(
                 )
         norm = np.linalg.norm(tail[:, :, t], axis=-1).mean()
         final = _pairwise_mean_distance(z[:, -1, t][:, None])[0]
+        final_norm = np.linalg.norm(z[:, -1, t], axis=-1).mean()
         rows.append(
             {
                 "position": t,
                 "token": labels[t],
                 "attractor_distance": float(np.mean(pair) / norm) if norm > 0 else np.nan,
-                "final_spread": float(final / norm) if norm > 0 else np.nan,
+                "final_spread": float(final / final_norm) if final_norm > 0 else np.nan,
                 "window": w,
             }
         )
