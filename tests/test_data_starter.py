@@ -1,0 +1,99 @@
+"""The embedded starter corpus and the arithmetic generator used for held-out evaluation."""
+
+import re
+
+import pytest
+
+from pretrain.data import DataConfig, prepare_data
+from pretrain.data.arithmetic import make_problems, parse_answer, render
+from pretrain.data.config import DataError
+from pretrain.data.starter_corpus import split_source, starter_documents
+from recurrent_model.tokenizer import BEGIN_HEADER, END_HEADER, END_TURN
+
+
+@pytest.mark.parametrize("difficulty", [1, 3, 6])
+def test_arithmetic_answers_are_correct_and_graded(difficulty):
+    problems = make_problems(60, difficulty, seed=7)
+    assert len(problems) == 60 and problems == make_problems(60, difficulty, seed=7)
+    assert problems != make_problems(60, difficulty, seed=8)
+    kinds = set()
+    for prompt, answer in problems:
+        assert prompt.endswith(" =")
+        expression = prompt[:-2]
+        assert eval(expression, {"__builtins__": {}}) == int(answer)  # noqa: S307
+        operands = re.findall(r"\d+", expression)
+        assert all(len(o) == difficulty for o in operands)
+        kinds.add("*" if "*" in expression else f"+{len(operands) > 2}")
+        assert parse_answer(" " + answer + "\n3 + 4 = 7") == int(answer)
+    assert kinds == {"*", "+False", "+True"}  # products, sums of two, multi-operand sums
+
+
+def test_arithmetic_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="difficulty"):
+        make_problems(3, 0, seed=0)
+    with pytest.raises(ValueError, match="unknown arithmetic kind"):
+        make_problems(3, 2, seed=0, kinds=("div",))
+    assert render("2 + 2 =", "4") == "2 + 2 = 4"
+    assert parse_answer("no digits") is None
+
+
+def test_starter_is_deterministic_and_mixed():
+    docs = starter_documents("tiny", seed=0)
+    assert docs == starter_documents("tiny", seed=0)
+    assert docs != starter_documents("tiny", seed=1)
+    kinds = {d.kind for d in docs}
+    assert kinds == {"stdlib", "arithmetic", "word_problems", "counting", "modular", "chat"}
+    chat = next(d.text for d in docs if d.kind == "chat")
+    assert re.fullmatch(
+        rf"{re.escape(BEGIN_HEADER)}user{re.escape(END_HEADER)}\n\n.+{re.escape(END_TURN)}"
+        rf"{re.escape(BEGIN_HEADER)}Huginn{re.escape(END_HEADER)}\n\n.+{re.escape(END_TURN)}",
+        chat,
+        flags=re.S,
+    )
+    word = next(d.text for d in docs if d.kind == "word_problems")
+    assert word.startswith("Question: ") and "\nAnswer: " in word and "\n#### " in word
+    code = next(d.text for d in docs if d.kind == "stdlib")
+    assert code.startswith("# Lib/") and code.count("\n") > 1
+
+
+def test_word_problem_worked_answers_add_up():
+    checked = 0
+    for doc in starter_documents("tiny", seed=0):
+        if doc.kind in ("word_problems", "modular", "chat"):
+            for lhs, rhs in re.findall(r"(\d+(?: [-+*] \d+)+) = \$?(\d+)", doc.text):
+                assert eval(lhs, {"__builtins__": {}}) == int(rhs), doc.text  # noqa: S307
+                checked += 1
+    assert checked > 200
+
+
+def test_split_source_keeps_decorators_with_definitions():
+    source = "import os\n\n@decorator\ndef f():\n    pass\n\nclass A:\n    x = 1\n"
+    assert split_source(source, max_chars=10) == [
+        "import os\n\n",
+        "@decorator\ndef f():\n    pass\n\n",
+        "class A:\n    x = 1\n",
+    ]
+    assert "".join(split_source(source, max_chars=1000)) == source
+
+
+def test_unknown_size_is_an_error():
+    with pytest.raises(DataError, match="starter size"):
+        starter_documents("huge", seed=0)
+
+
+def test_prepare_starter_records_hash_and_stats(tmp_path):
+    config = DataConfig(starter_size="tiny", vocab_size=512, block_size=64, seed=0)
+    prepared = prepare_data(config, tmp_path, progress=False)
+    assert re.fullmatch(r"[0-9a-f]{64}", prepared.corpus_hash)
+    kinds = prepared.stats["docs_per_kind"]
+    assert set(kinds) == {
+        f"starter:{k}"
+        for k in ("stdlib", "arithmetic", "word_problems", "counting", "modular", "chat")
+    }
+    assert prepared.train_rows > 500 and prepared.val_rows > 10
+    other = prepare_data(
+        DataConfig(starter_size="tiny", vocab_size=512, block_size=64, seed=1),
+        tmp_path / "s1",
+        progress=False,
+    )
+    assert other.corpus_hash != prepared.corpus_hash
