@@ -21,7 +21,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ConfigError, RecurrentConfig
-from .layers import rope_table
 from .model import RecurrentLM
 
 SINGLE_FILE = "model.safetensors"
@@ -176,9 +175,6 @@ def load_model(
             "this architecture ties the head to the embedding (tie_embeddings=true)"
         )
     del head
-    model.register_buffer(
-        "rope", rope_table(config.head_dim, config.block_size, config.rope_base, device), False
-    )
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta:  # pragma: no cover - check_tensors makes this unreachable
         raise CheckpointError(f"{directory} left parameters unset: {', '.join(still_meta)}")

@@ -26,13 +26,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # torch's fused kernel computes exactly this formula
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
 
 
 def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Tensor:
-    """cos/sin of the RoPE angles, float32, shape (length, head_dim // 2, 2).
+    """RoPE rotations as unit complex numbers (complex64), shape (length, head_dim // 2).
 
     Pair j of a head (dimensions 2j, 2j+1) at position p is rotated by p · base^(−2j/head_dim).
     """
@@ -40,20 +42,20 @@ def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Te
     inv_freq = 1.0 / (base**exponents)
     positions = torch.arange(length, device=device, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq).float()
-    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+    return torch.complex(torch.cos(angles), torch.sin(angles))
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of ``x`` (B, T, heads, head_dim) by ``table`` (T, head_dim//2, 2).
+    """Rotate interleaved pairs of ``x`` (B, T, ..., head_dim) by ``table`` (T, head_dim // 2).
 
-    Computed in float32 and cast back: (a, b) -> (a·cos − b·sin, b·cos + a·sin).
+    Each pair (a, b) is the complex number a + ib, multiplied by cos + i·sin in float32:
+    (a, b) -> (a·cos − b·sin, b·cos + a·sin); cast back to x's dtype.
     """
     pairs = x.float().unflatten(-1, (-1, 2))
-    a, b = pairs[..., 0], pairs[..., 1]
-    cos = table[:, None, :, 0]
-    sin = table[:, None, :, 1]
-    rotated = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
-    return rotated.type_as(x)
+    if not pairs.is_contiguous() and pairs.stride(-1) != 1:
+        pairs = pairs.contiguous()
+    rot = table.view(table.shape[0], *([1] * (x.dim() - 3)), table.shape[-1])
+    return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2).type_as(x)
 
 
 class KVCacheSlot(Protocol):
@@ -82,15 +84,13 @@ class Attention(nn.Module):
         self, x: torch.Tensor, rope: torch.Tensor, cache: KVCacheSlot | None = None
     ) -> torch.Tensor:
         B, T, h = x.shape
-        q, k, v = self.Wqkv(x).split(h, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim)
-        k = k.view(B, T, self.n_heads, self.head_dim)
-        v = v.view(B, T, self.n_heads, self.head_dim)
-        q = (q + self.qk_bias[0]).to(q.dtype)
-        k = (k + self.qk_bias[1]).to(k.dtype)
-        q = apply_rope(q, rope).transpose(1, 2)
-        k = apply_rope(k, rope).transpose(1, 2)
-        v = v.transpose(1, 2)
+        qkv = self.Wqkv(x)
+        # Queries and keys together: per-head bias, then RoPE (one op each); values untouched.
+        qk = qkv[..., : 2 * h].view(B, T, 2, self.n_heads, self.head_dim)
+        qk = apply_rope(qk + self.qk_bias.view(2, self.n_heads, self.head_dim), rope)
+        q = qk[:, :, 0].transpose(1, 2)
+        k = qk[:, :, 1].transpose(1, 2)
+        v = qkv[..., 2 * h :].view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

@@ -82,11 +82,7 @@ class RecurrentLM(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
         self.emb_scale = math.sqrt(config.n_embd)
-        self.register_buffer(
-            "rope",
-            rope_table(config.head_dim, config.block_size, config.rope_base),
-            persistent=False,
-        )
+        self._rope: torch.Tensor | None = None  # built on first use, on the weights' device
         self.activation_checkpointing = False
         self.tokenizer: Any = None
         self.hook_embed = HookPoint("hook_embed")
@@ -148,12 +144,17 @@ class RecurrentLM(nn.Module):
     def rope_at(self, start: int, length: int) -> torch.Tensor:
         """RoPE cos/sin for positions start … start + length − 1."""
         end = start + length
-        if end > self.rope.shape[0]:
+        if end > self.config.block_size:
             raise ContextLengthError(
                 f"sequence of {end} tokens exceeds the model's context of "
                 f"{self.config.block_size} tokens (block_size)"
             )
-        return self.rope[start:end]
+        table = self._rope
+        if table is None or table.device != self.device:
+            cfg = self.config
+            table = rope_table(cfg.head_dim, cfg.block_size, cfg.rope_base, self.device)
+            self._rope = table
+        return table[start:end]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.hook_embed(self.transformer.wte(input_ids) * self.emb_scale)

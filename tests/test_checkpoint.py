@@ -85,8 +85,8 @@ def test_hand_built_sharded_checkpoint_loads(model, tmp_path, with_head):
     hand_built_sharded(model, tmp_path / "hf", with_head)
     loaded = rm.load_model(tmp_path / "hf", dtype="bfloat16")
     assert loaded.dtype == torch.bfloat16
-    assert loaded.rope.dtype == torch.float32
-    torch.testing.assert_close(loaded.rope, model.rope)  # recomputed, not the stored freqs_cis
+    assert loaded.rope_at(0, 16).dtype == torch.complex64  # float32 RoPE under a bf16 model
+    torch.testing.assert_close(loaded.rope_at(0, 16), model.rope_at(0, 16))  # not freqs_cis
     ids = torch.randint(0, 512, (1, 8))
     ref = model(ids, 2, init_scale=0).logits
     torch.testing.assert_close(loaded(ids, 2, init_scale=0).logits, ref, rtol=0.1, atol=0.15)
