@@ -8,12 +8,14 @@ from .convergence import convergence, steps_to_converge
 from .dynamics import classify_dynamics
 from .lenses import lens, sublayer_lens
 from .path_independence import attractor_distance, path_independence
+from .probes import ProbeResult, correctness_probe, iteration_probe, trajectory_features
 from .projections import project
 from .step_dynamics import step_dynamics
 from .token_correlation import token_correlation
 from .trajectory import Trajectory
 
 __all__ = [
+    "ProbeResult",
     "Trajectory",
     "TrajectoryTooLarge",
     "attractor_distance",
@@ -21,6 +23,8 @@ __all__ = [
     "collect",
     "collect_sublayers",
     "convergence",
+    "correctness_probe",
+    "iteration_probe",
     "lens",
     "path_independence",
     "project",
@@ -28,4 +32,5 @@ __all__ = [
     "steps_to_converge",
     "sublayer_lens",
     "token_correlation",
+    "trajectory_features",
 ]

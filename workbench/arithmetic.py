@@ -1,0 +1,90 @@
+"""Generated arithmetic: prompts with known answers, the model's greedy answers, and trajectories.
+
+Feeds ``correctness_probe``: which trajectories belong to prompts the model answered correctly?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .collect import collect
+from .probes import trajectory_features
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+def arithmetic_problems(
+    n: int, seed: int = 0, max_operand: int = 99, ops: str = "+-"
+) -> list[Problem]:
+    """``n`` prompts "a + b = " / "a - b = " with operands in [0, max_operand] (fixed seed)."""
+    rng = np.random.default_rng(seed)
+    problems = []
+    for _ in range(n):
+        a, b = (int(v) for v in rng.integers(0, max_operand + 1, size=2))
+        op = ops[int(rng.integers(len(ops)))]
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        problems.append(Problem(f"{a} {op} {b} = ", str(value)))
+    return problems
+
+
+def is_correct(generated: str, answer: str) -> bool:
+    """The generated text starts with the answer and the number ends there."""
+    text = generated.strip()
+    return text.startswith(answer) and not text[len(answer) : len(answer) + 1].isdigit()
+
+
+@torch.no_grad()
+def greedy_answer(
+    model: torch.nn.Module, ids: list[int], max_new_tokens: int, num_steps: int, seed: int = 0
+) -> list[int]:
+    """Greedy continuation by full forward passes (prompts are short), s_0 seeded by ``seed``."""
+    out = list(ids)
+    for _ in range(max_new_tokens):
+        x = torch.tensor([out], device=model.device)
+        logits = model(x, num_steps=num_steps, generator=torch.Generator().manual_seed(seed)).logits
+        out.append(int(logits[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+def arithmetic_dataset(
+    model: torch.nn.Module,
+    problems: Sequence[Problem],
+    num_steps: int,
+    max_new_tokens: int = 4,
+    feature_steps: Sequence[int] = (-1,),
+    seed: int = 0,
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Answer every problem greedily, re-run prompt + answer with ``collect`` and featurise it.
+
+    Returns (one row per problem: prompt, answer, generated, correct) and features (n, d) from
+    ``trajectory_features`` over the last prompt token and the generated tokens.
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("arithmetic_dataset needs a model with a tokenizer")
+    rows, features = [], []
+    for problem in problems:
+        ids = tokenizer.encode(problem.prompt)
+        new = greedy_answer(model, ids, max_new_tokens, num_steps, seed)
+        generated = tokenizer.decode(new)
+        traj = collect(model, ids + new, num_steps, seeds=(seed,), progress=False)
+        positions = range(len(ids) - 1, len(ids) + len(new))
+        features.append(trajectory_features(traj.states[0], positions, feature_steps))
+        rows.append(
+            {
+                "prompt": problem.prompt,
+                "answer": problem.answer,
+                "generated": generated,
+                "correct": is_correct(generated, problem.answer),
+            }
+        )
+    return pd.DataFrame(rows), np.stack(features)
