@@ -3,17 +3,19 @@
 Each token's tail (its last `tail` steps) is measured by `workbench.dynamics_features` and the
 numbers are turned into a kind, in this order:
 
-1. fixed_point: the median relative step of the last 4 steps is below `fixed_tol`, or the step norms
-   shrink geometrically (ratio ≤ `max_contraction` per step, log-linear fit R² ≥ `min_decay_fit`);
+1. fixed_point: the median relative step of the last 4 steps is below `fixed_tol`, or the motion
+   shrinks geometrically: step norms in the top-3 PC space fall by a ratio ≤ `max_contraction` per
+   step (log-linear fit R² ≥ `min_decay_fit`), or the displacements between the means of the tail's
+   quarters shrink monotonically at that rate while they move more than jitter (see 3);
 2. orbit: a single-frequency fit c + a cos ωt + b sin ωt of the tail's top PCs explains at least
    `min_plane_share` of the variance, makes ≥ `min_revolutions` turns over the tail, is a true
    ellipse (minor/major ≥ `min_aspect`, waived near period 2 where the rotation aliases to a
    flip-flop), and the angle in that plane advances steadily (share of steps within 50 % of ω ≥
    `min_angle_consistency`), at a median speed that agrees with the spectral ω within
    `max_speed_mismatch`;
-3. slider: net displacement / coarse path length ≥ `min_straightness`;
-4. fixed_point (noisy): i.i.d.-like jitter (`jitter_ratio` ≥ `min_jitter_ratio`) of small size
-   (`spread` ≤ `max_jitter`) around a point;
+3. fixed_point (noisy): the tail is jitter around a point: the means of its last two quarters are
+   closer than `max_settling_ratio` mean steps, and its spread is ≤ `max_jitter` of the norm;
+4. slider: net displacement / coarse path length ≥ `min_straightness`;
 5. other.
 
 Angular speed is reported in (0, π]: a sampled rotation of ω and one of 2π − ω in the opposite sense
@@ -47,7 +49,7 @@ class DynamicsThresholds:
     min_angle_consistency: float = 0.8
     max_speed_mismatch: float = 0.15
     min_straightness: float = 0.6
-    min_jitter_ratio: float = 0.6
+    max_settling_ratio: float = 1.0
     max_jitter: float = 0.05
     n_components: int = 8
 
@@ -75,6 +77,9 @@ def _check_states(states: np.ndarray, tail: int | None) -> tuple[np.ndarray, int
 def _is_converged(f: dict, th: DynamicsThresholds) -> bool:
     if f["tail_relative_step"] < th.fixed_tol:
         return True
+    moving = f["settling_ratio"] > th.max_settling_ratio  # chunk means move beyond jitter
+    if moving and f["chunk_contraction"] <= th.max_contraction:
+        return True
     return f["contraction"] <= th.max_contraction and f["contraction_fit"] >= th.min_decay_fit
 
 
@@ -97,10 +102,10 @@ def _decide(f: dict, th: DynamicsThresholds) -> str:
         return "fixed_point"
     if _is_orbit(f, th):
         return "orbit"
+    if f["settling_ratio"] <= th.max_settling_ratio and f["spread"] <= th.max_jitter:
+        return "fixed_point"
     if f["straightness"] >= th.min_straightness:
         return "slider"
-    if f["jitter_ratio"] >= th.min_jitter_ratio and f["spread"] <= th.max_jitter:
-        return "fixed_point"
     return "other"
 
 

@@ -48,27 +48,51 @@ def _log_slope(values: np.ndarray) -> tuple[float, float]:
     return float(slope), float(1 - resid / total) if total > 0 else 0.0
 
 
-def convergence_features(tail: np.ndarray, scores: np.ndarray, last: int = 4) -> dict[str, float]:
+def _chunk_motion(tail: np.ndarray, steps: np.ndarray, chunks: int) -> tuple[float, float]:
+    """Settling ratio and chunk contraction from the means of `chunks` equal chunks of the tail.
+
+    settling ratio = ‖last chunk mean − the one before‖ / mean step norm over those two chunks:
+    about 1/sqrt(L) (L = chunk length) for i.i.d. jitter around a point, about sqrt(2L/3) for a
+    random walk and about L for a steady drift. chunk contraction = per-step ratio
+    (D_last / D_first)^(1 / (L (chunks − 2))) of the displacements D between successive chunk means
+    when they shrink monotonically (a geometric approach averaged over noise), else 1.
+    """
+    size = max(1, (len(tail) - 1) // chunks)
+    means = np.stack(
+        [tail[len(tail) - (i + 1) * size :][:size].mean(axis=0) for i in range(chunks)]
+    )
+    disp = np.linalg.norm(np.diff(means[::-1], axis=0), axis=1)
+    settling = float(_safe_ratio(disp[-1], steps[-2 * size :].mean()))
+    if disp[0] <= 0 or np.any(np.diff(disp) >= 0):
+        return settling, 1.0
+    return settling, float((disp[-1] / disp[0]) ** (1 / (size * (chunks - 2))))
+
+
+def convergence_features(
+    tail: np.ndarray, scores: np.ndarray, last: int = 4, chunks: int = 4
+) -> dict[str, float]:
     """Step sizes of a tail (W + 1, h) with its top PC scores (W + 1, k).
 
     `contraction` = exp(slope) of a least-squares line through the log step norms measured in the
     top-3 PC space (where i.i.d. noise is mostly projected out), the ratio of successive steps (< 1
     for geometric convergence), and `contraction_fit` its R². `spread` = RMS distance to the tail
-    mean / mean norm; `jitter_ratio` = mean ‖Δ‖² / (2 · mean ‖x − x̄‖²), about 1 for i.i.d. jitter
-    around a point and small for any smooth motion.
+    mean / mean norm; `settling_ratio` (see `_settling_ratio`, over `chunks` chunks) is small when
+    the tail is jitter around a point rather than motion.
     """
     steps = np.linalg.norm(np.diff(tail, axis=0), axis=1)
     norms = np.linalg.norm(tail[1:], axis=1)
     rel = _safe_ratio(steps, norms)
     slope, fit = _log_slope(np.linalg.norm(np.diff(scores[:, :3], axis=0), axis=1))
     spread_sq = np.mean(np.sum((tail - tail.mean(axis=0)) ** 2, axis=1))
+    settling, chunk_contraction = _chunk_motion(tail, steps, chunks)
     return dict(
         final_step_size=float(rel[-1]),
         tail_relative_step=float(np.median(rel[-last:])),
         contraction=float(np.exp(slope)),
         contraction_fit=fit,
         spread=float(_safe_ratio(np.sqrt(spread_sq), norms.mean())),
-        jitter_ratio=float(_safe_ratio(np.mean(steps**2), 2 * spread_sq)),
+        settling_ratio=settling,
+        chunk_contraction=chunk_contraction,
     )
 
 
