@@ -44,3 +44,37 @@ def test_importing_workbench_does_not_import_umap():
     code = "import sys, workbench, workbench.figures; print('umap' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _FakeUMAP:
+    """Stands in for umap.UMAP (whose import takes ~20 s): records what it was fitted on."""
+
+    fits: list = []
+
+    def __init__(self, n_components=2, random_state=None, **kwargs):
+        self.n_components, self.kwargs = n_components, kwargs
+
+    def fit_transform(self, x):
+        _FakeUMAP.fits.append(x.shape)
+        return x[:, : self.n_components] * 2
+
+
+def test_umap_runs_on_pca_inputs_and_is_cached(monkeypatch):
+    import types
+
+    from workbench import projections
+
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=_FakeUMAP))
+    projections.umap_cache_clear()
+    _FakeUMAP.fits.clear()
+    states = _low_rank((5, 30, 80))
+    coords, reducer = wb.project(states, method="umap", n_components=2, pca_dims=10)
+    assert coords.shape == (5, 30, 2) and isinstance(reducer, _FakeUMAP)
+    assert _FakeUMAP.fits == [(150, 10)]  # fitted on the first 10 principal components
+    pcs = wb.project(states, n_components=10)[0].reshape(-1, 10)
+    np.testing.assert_allclose(coords.reshape(-1, 2), 2 * pcs[:, :2], rtol=1e-4, atol=1e-4)
+    again, same = wb.project(states, method="umap", n_components=2, pca_dims=10)
+    assert same is reducer and _FakeUMAP.fits == [(150, 10)]  # warm: served from the cache
+    wb.project(states, method="umap", n_components=2, pca_dims=10, n_neighbors=5)
+    assert len(_FakeUMAP.fits) == 2  # other parameters: a new fit
+    projections.umap_cache_clear()
