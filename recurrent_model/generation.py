@@ -1,0 +1,437 @@
+"""Autoregressive generation with the KV cache and the paper's inference features.
+
+``generate(model, input_ids, max_new_tokens, num_steps=None, **kw)``: greedy or sampled decoding of
+(left-padded) batches with stop tokens and streaming, per-token adaptive exit, KV-cache sharing,
+continuous-compute warm starts and self-speculative decoding. See :func:`generate` for the keywords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from .cached_forward import CachedForward
+from .kv_cache import KVCache
+from .model import ContextLengthError, RecurrentLM
+from .sampling import ExitCriterion, Sampler
+
+Streamer = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+@dataclass
+class GenerationOutput:
+    """What ``generate(..., return_details=True)`` returns.
+
+    sequences: (B, T + new) prompt and generated ids (pad after a row stopped).
+    steps: (B, new) core iterations spent on each generated token (0 after the row stopped).
+    acceptance_rate: accepted / drafted tokens of self-speculative decoding, else None.
+    cache_bytes: memory held by the KV cache. scores: (B, new, V) logits when output_scores=True.
+    """
+
+    sequences: torch.Tensor
+    steps: torch.Tensor
+    acceptance_rate: float | None
+    drafted: int
+    accepted: int
+    cache_bytes: int
+    scores: torch.Tensor | None = None
+
+    @property
+    def mean_steps(self) -> float:
+        """Mean iterations per generated token (tokens after a stop excluded)."""
+        spent = self.steps[self.steps > 0]
+        return float(spent.float().mean()) if spent.numel() else 0.0
+
+
+@dataclass(frozen=True)
+class _Settings:
+    num_steps: int
+    min_steps: int
+    max_steps: int
+    criterion: str | None
+    threshold: float | None
+    continuous: bool
+    draft_steps: int | None
+    lookahead: int
+    init_scale: float
+
+
+class _Run:
+    """One generation call: cache, sequences buffer and the decoding loops."""
+
+    def __init__(
+        self,
+        model: RecurrentLM,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        settings: _Settings,
+        sampler: Sampler,
+        stop_tokens: torch.Tensor,
+        pad_token_id: int,
+        attention_mask: torch.Tensor | None,
+        cache_budget: int | None,
+        streamer: Streamer | None,
+        output_scores: bool,
+    ) -> None:
+        self.model, self.cfg, self.sampler = model, settings, sampler
+        B, T = input_ids.shape
+        self.prompt_len, self.max_new = T, max_new_tokens
+        cache_steps = max(settings.max_steps, settings.draft_steps or 1)
+        self.cache = KVCache(
+            model.config,
+            B,
+            T + max_new_tokens,
+            cache_steps,
+            cache_budget,
+            model.device,
+            model.dtype,
+        )
+        if attention_mask is not None:
+            self.cache.set_padding(attention_mask)
+        self.runner = CachedForward(model, self.cache)
+        self.criterion = (
+            ExitCriterion(settings.criterion, settings.threshold) if settings.criterion else None
+        )
+        self.sequences = torch.full(
+            (B, T + max_new_tokens), pad_token_id, dtype=torch.long, device=model.device
+        )
+        self.sequences[:, :T] = input_ids
+        self.steps = torch.zeros(B, max_new_tokens, dtype=torch.long, device=model.device)
+        self.finished = torch.zeros(B, dtype=torch.bool, device=model.device)
+        self.stop_tokens, self.pad = stop_tokens, pad_token_id
+        self.streamer = streamer
+        self.scores: list[torch.Tensor] | None = [] if output_scores else None
+        self.n = 0
+        self.drafted = self.accepted = 0
+
+    # Forward passes ------------------------------------------------------------------------------
+    def _init(self, e: torch.Tensor, warm: torch.Tensor | None) -> torch.Tensor:
+        if warm is None:
+            warm = self.model.initial_state(e, self.cfg.init_scale, self.sampler.generator)
+        return self.runner.start_state(warm)
+
+    def chunk(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        steps: int,
+        warm: torch.Tensor | None = None,
+        all_logits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids`` (B, T) at positions start… through ``steps`` iterations: (logits, latents)."""
+        r = self.runner
+        r.begin(start, ids.shape[1])
+        e = r.prelude(ids)
+        injected = r.inject(e)
+        s = self._init(e, warm)
+        for i in range(1, steps + 1):
+            s = r.core_step(s, injected, i)
+        return r.coda(s, last_only=not all_logits)
+
+    def token(
+        self, ids: torch.Tensor, pos: int, warm: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+        """One token per row at ``pos`` with adaptive exit: (logits (B, V), latents, steps)."""
+        crit = self.criterion
+        if crit is None:
+            logits, latents = self.chunk(ids, pos, self.cfg.num_steps, warm)
+            return logits[:, -1], latents, self.cfg.num_steps
+        r, cfg = self.runner, self.cfg
+        r.begin(pos, 1)
+        e = r.prelude(ids)
+        injected = r.inject(e)
+        s = self._init(e, warm)
+        B = ids.shape[0]
+        steps = torch.full((B,), cfg.max_steps, dtype=torch.long, device=ids.device)
+        active = torch.ones(B, dtype=torch.bool, device=ids.device)
+        crit.reset()
+        out = None
+        for i in range(1, cfg.max_steps + 1):
+            new = r.core_step(s, injected, i)
+            if i > 1:
+                new = torch.where(active[:, None, None], new, s)  # exited rows keep their state
+            if crit.needs_logits:
+                out = r.coda(new, last_only=True)
+            converged = crit(new, s, out[0][:, -1] if out is not None else None)
+            s = new
+            if cfg.min_steps <= i < cfg.max_steps:
+                exiting = converged & active
+                steps = torch.where(exiting, i, steps)
+                active = active & ~exiting
+                if not bool(active.any()):
+                    break
+        if out is None:
+            out = r.coda(s, last_only=True)
+        if int(steps.min()) < self.cache.max_steps:
+            self.cache.freeze_exits(pos, steps)
+        return out[0][:, -1], out[1], steps
+
+    # Output --------------------------------------------------------------------------------------
+    def emit(self, tokens: torch.Tensor, steps: torch.Tensor | int, logits: torch.Tensor) -> bool:
+        """Append one token per row; True when generation is over (all stopped or length reached)."""
+        tokens = torch.where(self.finished, self.pad, tokens)
+        steps = torch.where(self.finished, 0, torch.as_tensor(steps, device=tokens.device))
+        self.sequences[:, self.prompt_len + self.n] = tokens
+        self.steps[:, self.n] = steps
+        if self.scores is not None:
+            self.scores.append(logits.float())
+        self.n += 1
+        if self.stop_tokens.numel():
+            self.finished |= torch.isin(tokens, self.stop_tokens)
+        if self.streamer is not None:
+            self.streamer(tokens, steps)
+        return self.n >= self.max_new or bool(self.finished.all())
+
+    def details(self) -> GenerationOutput:
+        scores = torch.stack(self.scores, dim=1) if self.scores else None
+        rate = self.accepted / self.drafted if self.drafted else None
+        if self.cfg.draft_steps is not None and rate is None:
+            rate = 0.0
+        return GenerationOutput(
+            self.sequences[:, : self.prompt_len + self.n],
+            self.steps[:, : self.n],
+            rate,
+            self.drafted,
+            self.accepted,
+            self.cache.memory_bytes,
+            scores,
+        )
+
+    # Decoding loops ------------------------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """All prompt tokens but the last at full depth; returns their last latent for warm starts."""
+        if ids.shape[1] < 2:
+            return None
+        _, latents = self.chunk(ids[:, :-1], 0, self.cfg.max_steps)
+        return latents[:, -1:] if self.cfg.continuous else None
+
+    def plain(self, ids: torch.Tensor) -> None:
+        warm = self.prefill(ids)
+        x, pos = ids[:, -1:], ids.shape[1] - 1
+        while self.n < self.max_new:
+            logits, latents, steps = self.token(x, pos, warm)
+            tokens, _ = self.sampler.choose(logits)
+            if self.emit(tokens, steps, logits):
+                return
+            x, pos = tokens[:, None], pos + 1
+            warm = latents if self.cfg.continuous else None
+
+    def speculative(self, ids: torch.Tensor) -> None:
+        """Draft ``lookahead`` tokens at draft_steps, verify them in one pass at num_steps."""
+        cfg, sampler = self.cfg, self.sampler
+        assert cfg.draft_steps is not None
+        self.prefill(ids)
+        x, pos = ids[:, -1:], ids.shape[1] - 1
+        while self.n < self.max_new:
+            k = min(cfg.lookahead, self.max_new - self.n - 1)
+            if k == 0:
+                logits, _, _ = self.token(x, pos, None)
+                self.emit(sampler.choose(logits)[0], cfg.num_steps, logits)
+                return
+            drafts, draft_probs, cur = [], [], x
+            for i in range(k):
+                logits, _ = self.chunk(cur, pos + i, cfg.draft_steps)
+                token, probs = sampler.choose(logits[:, -1])
+                drafts.append(token)
+                draft_probs.append(probs)
+                cur = token[:, None]
+            draft = torch.stack(drafts, dim=1)
+            verify = torch.cat([x, draft], dim=1)
+            logits, _ = self.chunk(verify, pos, cfg.num_steps, all_logits=True)
+            m, last = self._accept(draft, draft_probs, logits)
+            self.drafted += k * int((~self.finished).sum())
+            self.accepted += m * int((~self.finished).sum())
+            for i in range(m):
+                if self.emit(draft[:, i], cfg.num_steps, logits[:, i]):
+                    return
+            if self.emit(last, cfg.num_steps, logits[:, m]):
+                return
+            x, pos = last[:, None], pos + m + 1
+
+    def _accept(
+        self, draft: torch.Tensor, draft_probs: list, logits: torch.Tensor
+    ) -> tuple[int, torch.Tensor]:
+        """Accepted prefix length m (the smallest over unfinished rows) and the token after it."""
+        B, k = draft.shape
+        sampler = self.sampler
+        if not sampler.do_sample:
+            target = logits.argmax(dim=-1)  # (B, k + 1)
+            agree = draft == target[:, :k]
+        else:
+            p = sampler.probs(logits.flatten(0, 1)).view(B, k + 1, -1)
+            q = torch.stack(draft_probs, dim=1)
+            p_d = p[:, :k].gather(-1, draft[..., None]).squeeze(-1)
+            q_d = q.gather(-1, draft[..., None]).squeeze(-1)
+            u = torch.rand(B, k, generator=sampler.generator, device=draft.device)
+            agree = u * q_d < p_d
+        run = agree.long().cumprod(dim=1).sum(dim=1)  # accepted prefix per row
+        run = torch.where(self.finished, k, run)
+        m = int(run.min())
+        if not sampler.do_sample:
+            return m, target[:, m]
+        if m == k:
+            return m, sampler.draw(p[:, k])
+        residual = (p[:, m] - q[:, m]).clamp_min(0)
+        total = residual.sum(dim=-1, keepdim=True)
+        residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p[:, m])
+        corrected = sampler.draw(residual)
+        return m, torch.where(run > m, draft[:, m], corrected)
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _settings(
+    model: RecurrentLM,
+    num_steps: int | None,
+    exit_criterion: str | None,
+    exit_threshold: float | None,
+    min_steps: int | None,
+    max_steps: int | None,
+    continuous_compute: bool,
+    draft_steps: int | None,
+    lookahead: int | None,
+    init_scale: float,
+) -> _Settings:
+    steps = _check_int(
+        "num_steps", model.config.mean_recurrence if num_steps is None else num_steps, 1
+    )
+    if exit_criterion is None:
+        if min_steps is not None or max_steps is not None or exit_threshold is not None:
+            raise ValueError("min_steps, max_steps and exit_threshold need an exit_criterion")
+        low, high = steps, steps
+    else:
+        ExitCriterion(exit_criterion, exit_threshold)  # validates name and threshold
+        high = _check_int("max_steps", steps if max_steps is None else max_steps, 1)
+        low = _check_int("min_steps", 1 if min_steps is None else min_steps, 1)
+        if low > high:
+            raise ValueError(f"min_steps ({low}) exceeds max_steps ({high})")
+    if lookahead is not None and draft_steps is None:
+        raise ValueError("lookahead needs draft_steps (the draft depth of speculative decoding)")
+    if draft_steps is not None:
+        _check_int("draft_steps", draft_steps, 1)
+        lookahead = _check_int("lookahead", 4 if lookahead is None else lookahead, 1)
+        if exit_criterion is not None or continuous_compute:
+            raise ValueError(
+                "self-speculative decoding verifies tokens in parallel, so it cannot be combined "
+                "with exit_criterion or continuous_compute"
+            )
+    if init_scale < 0:
+        raise ValueError(f"init_scale must be >= 0, got {init_scale}")
+    return _Settings(
+        steps, low, high, exit_criterion, exit_threshold, bool(continuous_compute),
+        draft_steps, lookahead or 0, float(init_scale),
+    )  # fmt: skip
+
+
+def _check_inputs(
+    model: RecurrentLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    attention_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.numel() == 0:
+        raise ValueError("input_ids must be a non-empty (batch, tokens) tensor of token ids")
+    if input_ids.is_floating_point() or input_ids.is_complex():
+        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    _check_int("max_new_tokens", max_new_tokens, 0)
+    T, context = input_ids.shape[1], model.config.block_size
+    if T > context:
+        raise ContextLengthError(
+            f"the prompt has {T} tokens but the model's context is {context} tokens (block_size)"
+        )
+    if T + max_new_tokens > context:
+        raise ContextLengthError(
+            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
+            f"context of {context} tokens; lower max_new_tokens to at most {context - T}"
+        )
+    vocab = model.config.vocab_size
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        raise ValueError(f"input_ids must lie in [0, {vocab}) (the vocabulary)")
+    input_ids = input_ids.to(device=model.device, dtype=torch.long)
+    if attention_mask is None:
+        return input_ids, None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, expected "
+            f"{tuple(input_ids.shape)} like input_ids"
+        )
+    mask = attention_mask.to(device=model.device).bool()
+    if not bool(mask[:, -1].all()) or not bool((mask[:, 1:] >= mask[:, :-1]).all()):
+        raise ValueError("only left padding is supported: each row's pads must come first")
+    return input_ids, mask
+
+
+def generate(
+    model: RecurrentLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    num_steps: int | None = None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    generator: torch.Generator | None = None,
+    stop_tokens: Iterable[int] | None = None,
+    pad_token_id: int | None = None,
+    streamer: Streamer | None = None,
+    exit_criterion: str | None = None,
+    exit_threshold: float | None = None,
+    min_steps: int | None = None,
+    max_steps: int | None = None,
+    continuous_compute: bool = False,
+    cache_budget: int | None = None,
+    draft_steps: int | None = None,
+    lookahead: int | None = None,
+    init_scale: float = 1.0,
+    return_details: bool = False,
+    output_scores: bool = False,
+) -> torch.Tensor | GenerationOutput:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (B, T); returns (B, T + new).
+
+    num_steps: core iterations per token (None = the config's mean recurrence); with an
+    ``exit_criterion`` ("kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability") each token
+    stops iterating between ``min_steps`` (default 1) and ``max_steps`` (default num_steps) once the
+    criterion falls under ``exit_threshold`` (defaults: kl 5e-4, latent-diff 0.03, entropy-diff 1e-3,
+    cosine 1e-3, argmax-stability 5 steps). Greedy unless ``do_sample`` (temperature, top_k, top_p,
+    min_p, generator). ``stop_tokens`` default to the tokenizer's stop ids; stopped rows continue with
+    ``pad_token_id``. ``attention_mask`` (B, T; 0 = pad) for left-padded batches. ``streamer(tokens,
+    steps)`` is called with each new token of every row. ``cache_budget`` = core-layer KV slots per
+    token (None = full). ``continuous_compute`` starts each token from the previous token's
+    ln_f(s_r). ``draft_steps`` + ``lookahead`` enable self-speculative decoding. ``return_details``
+    returns a :class:`GenerationOutput` (iterations per token, acceptance rate, cache memory).
+    """
+    input_ids, mask = _check_inputs(model, input_ids, max_new_tokens, attention_mask)
+    settings = _settings(
+        model, num_steps, exit_criterion, exit_threshold, min_steps, max_steps,
+        continuous_compute, draft_steps, lookahead, init_scale,
+    )  # fmt: skip
+    sampler = Sampler(do_sample, temperature, top_k, top_p, min_p, generator)
+    tok = model.tokenizer
+    if stop_tokens is None:
+        stop_tokens = tuple(tok.stop_ids) if tok is not None else ()
+    stops = torch.tensor(sorted({int(t) for t in stop_tokens}), dtype=torch.long)
+    if pad_token_id is None:
+        pad_token_id = int(getattr(tok, "pad_id", 0) or 0) if tok is not None else 0
+    if cache_budget is not None:
+        _check_int("cache_budget", cache_budget, 1)
+    with torch.no_grad():
+        run = _Run(
+            model, input_ids, max_new_tokens, settings, sampler, stops.to(model.device),
+            pad_token_id, mask, cache_budget, streamer, output_scores,
+        )  # fmt: skip
+        if max_new_tokens > 0:
+            if settings.draft_steps is not None:
+                run.speculative(input_ids)
+            else:
+                run.plain(input_ids)
+    details = run.details()
+    return details if return_details else details.sequences

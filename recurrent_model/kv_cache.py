@@ -1,0 +1,188 @@
+"""A preallocated key/value cache indexed per layer call, for batched autoregressive decoding.
+
+Layer-call indices follow the reference implementation: prelude layer i -> i, core layer j at iteration
+``step`` -> l_P + l_R·(step − 1) + j, coda layer k -> k − l_C (negative). With a ``budget`` of N core
+slots per token, core index c is stored in slot (c − l_P) mod N + l_P, so later iterations overwrite
+older ones; a budget ≥ l_R·max_steps is the full cache.
+
+Keys and values live in two tensors of shape (slots, B, heads, max_length, head_dim) allocated once;
+each forward chunk writes its positions in place and attends over the filled prefix (views, no copies).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import RecurrentConfig
+
+
+class KVCache:
+    """Keys and values of every layer call for ``batch_size`` rows and up to ``max_length`` positions.
+
+    ``max_steps`` is the deepest recurrence any token will run; ``budget`` (core slots per token,
+    None = full) enables cache sharing. ``key_valid`` (B, max_length) marks real (non-pad) positions.
+    Call :meth:`begin` before each forward chunk to set the positions being written.
+    """
+
+    def __init__(
+        self,
+        config: RecurrentConfig,
+        batch_size: int,
+        max_length: int,
+        max_steps: int,
+        budget: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if batch_size < 1 or max_length < 1 or max_steps < 1:
+            raise ValueError(
+                f"batch_size, max_length and max_steps must be >= 1, got "
+                f"{batch_size}, {max_length}, {max_steps}"
+            )
+        if budget is not None and budget < 1:
+            raise ValueError(f"cache_budget must be >= 1 core-layer slot per token, got {budget}")
+        self.n_prelude = config.n_layers_in_prelude
+        self.n_core = config.n_layers_in_recurrent_block
+        self.n_coda = config.n_layers_in_coda
+        self.max_steps = max_steps
+        self.max_length = max_length
+        full = self.n_core * max_steps
+        self.core_slots = full if budget is None else min(int(budget), full)
+        n_slots = self.n_prelude + self.core_slots + self.n_coda
+        shape = (n_slots, batch_size, config.n_heads, max_length, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k_slots = list(self.k.unbind(0))
+        self.v_slots = list(self.v.unbind(0))
+        self.key_valid: torch.Tensor | None = None
+        self.start = 0
+        self.end = 0
+        self.mask: torch.Tensor | None = None
+        self.is_causal = False
+
+    @property
+    def shared(self) -> bool:
+        """True when core slots are shared between iterations (budget below the full cache)."""
+        return self.core_slots < self.n_core * self.max_steps
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the key and value tensors."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def physical(self, index: int) -> int:
+        """The storage slot of layer call ``index`` (prelude i, core l_P + …, coda negative)."""
+        if index < 0:
+            if index < -self.n_coda:
+                raise IndexError(f"coda layer-call index {index} below -{self.n_coda}")
+            return self.n_prelude + self.core_slots + self.n_coda + index
+        if index < self.n_prelude:
+            return index
+        c = index - self.n_prelude
+        if c >= self.n_core * self.max_steps:
+            raise IndexError(
+                f"core layer-call index {index} is beyond the {self.max_steps} iterations this "
+                "cache was allocated for"
+            )
+        return self.n_prelude + c % self.core_slots
+
+    def core_slot(self, step: int, layer: int) -> int:
+        """The storage slot of core layer ``layer`` at 1-based iteration ``step``."""
+        return self.physical(self.n_prelude + self.n_core * (step - 1) + layer)
+
+    def set_padding(self, attention_mask: torch.Tensor) -> None:
+        """Mark pad positions of the prompt (attention_mask (B, T), 0 = pad); later ones are real."""
+        B, T = attention_mask.shape
+        if B != self.k.shape[1] or T > self.max_length:
+            raise ValueError(
+                f"attention_mask of shape {tuple(attention_mask.shape)} does not fit a cache for "
+                f"{self.k.shape[1]} rows and {self.max_length} positions"
+            )
+        valid = torch.ones(B, self.max_length, dtype=torch.bool, device=self.k.device)
+        valid[:, :T] = attention_mask.to(device=self.k.device).bool()
+        self.key_valid = None if bool(valid.all()) else valid
+
+    def begin(self, start: int, length: int) -> None:
+        """Set the positions start … start + length − 1 that the next forward chunk writes.
+
+        Computes the attention mask once for every layer call of the chunk: None for a plain causal
+        chunk from position 0 or a single unpadded token, else a boolean (B | 1, 1, T, end) mask.
+        """
+        end = start + length
+        if start < 0 or length < 1 or end > self.max_length:
+            raise ValueError(
+                f"positions {start}..{end - 1} do not fit a cache of {self.max_length} positions"
+            )
+        self.start, self.end = start, end
+        self.is_causal = False
+        self.mask = None
+        valid = self.key_valid
+        if valid is None:
+            if length == 1:
+                return
+            if start == 0:
+                self.is_causal = True
+                return
+        if valid is not None and length == 1:
+            self.mask = valid[:, None, None, :end]
+            return
+        device = self.k.device
+        query_pos = torch.arange(start, end, device=device)[:, None]
+        key_pos = torch.arange(end, device=device)[None, :]
+        mask = key_pos <= query_pos
+        if valid is not None:
+            # pad queries attend to themselves only, so that no row of the softmax is empty
+            mask = (mask & valid[:, None, None, :end]) | (key_pos == query_pos)
+        self.mask = mask
+
+    def freeze_exits(self, position: int, steps: torch.Tensor) -> None:
+        """Fill the core entries of token ``position`` above each row's exit iteration.
+
+        Row b exited after ``steps[b]`` iterations; every later iteration's entry for core layer j becomes
+        a copy of its entry at iteration steps[b] (the "latest entry for the same core layer" rule), so
+        deeper tokens later read it there.
+        """
+        exits = [int(s) for s in steps.tolist()]
+        S, l_R, P = self.max_steps, self.n_core, self.n_prelude
+        for b, r in enumerate(exits):
+            if r >= S:
+                continue
+            if r < 1:
+                raise ValueError(f"row {b} exited after {r} iterations; at least 1 is required")
+            if not self.shared:
+                for buf in (self.k, self.v):
+                    core = buf[P : P + l_R * S].unflatten(0, (S, l_R))
+                    core[r:, :, b, :, position] = core[r - 1, :, b, :, position]
+                continue
+            src = [self.core_slot(r, j) for j in range(l_R)]
+            saved = [
+                (self.k[s, b, :, position].clone(), self.v[s, b, :, position].clone()) for s in src
+            ]
+            for step in range(r + 1, S + 1):
+                for j, (k, v) in enumerate(saved):
+                    slot = self.core_slot(step, j)
+                    self.k[slot, b, :, position] = k
+                    self.v[slot, b, :, position] = v
+
+    def slot(self, index: int) -> CacheSlot:
+        """A :class:`~recurrent_model.layers.KVCacheSlot` for the model's own layers (hooked path)."""
+        return CacheSlot(self, self.physical(index))
+
+
+class CacheSlot:
+    """One layer call's view of a :class:`KVCache`: writes this chunk's keys/values, returns the prefix."""
+
+    __slots__ = ("cache", "index")
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache = cache
+        self.index = index
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        c = self.cache
+        kbuf, vbuf = c.k_slots[self.index], c.v_slots[self.index]
+        kbuf[:, :, c.start : c.end] = k
+        vbuf[:, :, c.start : c.end] = v
+        return kbuf[:, :, : c.end], vbuf[:, :, : c.end], c.mask

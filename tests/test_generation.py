@@ -1,0 +1,209 @@
+"""generate(): cached greedy equals full recomputation, speculative decoding, adaptive exit, options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import recurrent_model as rm
+from recurrent_model.generation import GenerationOutput, generate
+
+
+@pytest.fixture(scope="module")
+def model() -> rm.RecurrentLM:
+    torch.manual_seed(0)
+    return rm.RecurrentLM(rm.preset("tiny")).eval()
+
+
+def greedy_by_recomputation(model, ids, new, steps, mask=None):
+    """Greedy decoding that reruns the whole sequence without a cache for every token."""
+    seq = ids
+    for _ in range(new):
+        with torch.no_grad():
+            logits = model(seq, num_steps=steps, init_scale=0.0).logits[:, -1]
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+def prompt(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (batch, length), generator=g)
+
+
+@pytest.mark.parametrize(("steps", "batch", "length"), [(1, 1, 1), (3, 2, 7), (6, 3, 5)])
+def test_cached_greedy_equals_recomputation(model, steps, batch, length):
+    ids = prompt(batch, length, seed=steps)
+    expected = greedy_by_recomputation(model, ids, 10, steps)
+    got = generate(model, ids, 10, num_steps=steps, init_scale=0.0, stop_tokens=())
+    assert torch.equal(got, expected)
+
+
+def test_hooked_path_matches_fast_path(model):
+    ids = prompt(2, 6)
+    fast = generate(model, ids, 6, num_steps=3, init_scale=0.0, return_details=True,
+                    output_scores=True)  # fmt: skip
+    with model.hooks([("core.hook_state", lambda x, hook: None)]):
+        hooked = generate(model, ids, 6, num_steps=3, init_scale=0.0, return_details=True,
+                          output_scores=True)  # fmt: skip
+    assert torch.equal(fast.sequences, hooked.sequences)
+    torch.testing.assert_close(fast.scores, hooked.scores, rtol=1e-4, atol=1e-4)
+
+
+def test_hooks_steer_generation(model):
+    ids = prompt(1, 4)
+    plain = generate(model, ids, 6, num_steps=3, init_scale=0.0, output_scores=True,
+                     return_details=True)  # fmt: skip
+    with model.hooks([("core.hook_state", lambda x, hook: x * 0 if hook.step == 3 else None)]):
+        steered = generate(model, ids, 6, num_steps=3, init_scale=0.0, output_scores=True,
+                           return_details=True)  # fmt: skip
+    assert not torch.allclose(plain.scores, steered.scores)
+
+
+def test_left_padded_batch_matches_single_rows(model):
+    a, b = prompt(1, 6, seed=3), prompt(1, 3, seed=4)
+    pad = 7
+    ids = torch.cat([a, torch.cat([torch.full((1, 3), pad), b], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    out = generate(model, ids, 8, num_steps=3, init_scale=0.0, attention_mask=mask,
+                   stop_tokens=())  # fmt: skip
+    alone_a = generate(model, a, 8, num_steps=3, init_scale=0.0, stop_tokens=())
+    alone_b = generate(model, b, 8, num_steps=3, init_scale=0.0, stop_tokens=())
+    assert torch.equal(out[0], alone_a[0])
+    assert torch.equal(out[1, 3:], alone_b[0])
+
+
+@pytest.mark.parametrize(("batch", "lookahead"), [(1, 3), (2, 5)])
+def test_speculative_equals_plain_greedy(model, batch, lookahead):
+    ids = prompt(batch, 5, seed=lookahead)
+    plain = generate(model, ids, 12, num_steps=6, init_scale=0.0, stop_tokens=())
+    spec = generate(model, ids, 12, num_steps=6, init_scale=0.0, stop_tokens=(), draft_steps=2,
+                    lookahead=lookahead, return_details=True)  # fmt: skip
+    assert torch.equal(spec.sequences, plain)
+    assert spec.drafted > 0 and 0.0 <= spec.acceptance_rate <= 1.0
+    assert (spec.steps == 6).all()
+
+
+def test_speculative_sampling_runs_and_reports(model):
+    g = torch.Generator().manual_seed(0)
+    out = generate(model, prompt(2, 4), 10, num_steps=4, do_sample=True, top_k=20, generator=g,
+                   draft_steps=1, lookahead=4, return_details=True, stop_tokens=())  # fmt: skip
+    assert out.sequences.shape == (2, 14)
+    assert 0.0 <= out.acceptance_rate <= 1.0
+
+
+@pytest.mark.parametrize("criterion", ["kl", "latent-diff", "entropy-diff", "cosine"])
+def test_exit_threshold_zero_and_huge(model, criterion):
+    ids = prompt(2, 4)
+    full = generate(model, ids, 5, num_steps=6, exit_criterion=criterion, exit_threshold=0.0,
+                    return_details=True, stop_tokens=(), init_scale=0.0)  # fmt: skip
+    assert (full.steps == 6).all()
+    plain = generate(model, ids, 5, num_steps=6, init_scale=0.0, stop_tokens=())
+    assert torch.equal(full.sequences, plain)
+    early = generate(model, ids, 5, num_steps=6, exit_criterion=criterion, exit_threshold=1e9,
+                     min_steps=2, return_details=True, stop_tokens=())  # fmt: skip
+    assert (early.steps == 2).all()
+
+
+def test_argmax_stability_counts_steps(model):
+    out = generate(model, prompt(1, 4), 4, num_steps=8, exit_criterion="argmax-stability",
+                   exit_threshold=2, return_details=True, stop_tokens=())  # fmt: skip
+    assert ((out.steps >= 3) & (out.steps <= 8)).all()
+
+
+def test_stop_tokens_pad_finished_rows(model):
+    ids = prompt(2, 4)
+    free = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=())
+    stop = int(free[0, 5])  # row 0's second new token
+    out = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=[stop],
+                   pad_token_id=0, return_details=True)  # fmt: skip
+    row = out.sequences[0, 4:].tolist()
+    first = row.index(stop)
+    assert all(t == 0 for t in row[first + 1 :])
+    assert (out.steps[0, first + 1 :] == 0).all()
+
+
+def test_stop_when_all_rows_finish(model):
+    ids = prompt(1, 4)
+    free = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=())
+    out = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=[int(free[0, 4])])
+    assert out.shape == (1, 5)
+
+
+def test_streamer_sees_every_token(model):
+    seen = []
+    out = generate(model, prompt(2, 3), 5, num_steps=2, stop_tokens=(),
+                   streamer=lambda tokens, steps: seen.append((tokens.clone(), steps.clone())))  # fmt: skip
+    assert torch.equal(torch.stack([t for t, _ in seen], dim=1), out[:, 3:])
+    assert all((s == 2).all() for _, s in seen)
+
+
+def test_sampling_is_reproducible_and_filters(model):
+    ids = prompt(1, 3)
+
+    def run(**kw):
+        g = torch.Generator().manual_seed(5)
+        return generate(model, ids, 8, num_steps=2, do_sample=True, generator=g, stop_tokens=(),
+                        init_scale=0.0, **kw)  # fmt: skip
+
+    assert torch.equal(run(temperature=0.7), run(temperature=0.7))
+    greedy = generate(model, ids, 8, num_steps=2, init_scale=0.0, stop_tokens=())
+    assert torch.equal(run(top_k=1), greedy)
+    assert torch.equal(run(min_p=1.0), greedy)
+    assert torch.equal(run(top_p=1e-6), greedy)
+
+
+def test_continuous_compute_warm_starts(model):
+    ids = prompt(1, 5)
+    states = []
+
+    def record(x, hook):
+        if hook.step == 0:
+            states.append(x.clone())
+
+    with model.hooks([("core.hook_state", record)]):
+        out = generate(model, ids, 3, num_steps=3, continuous_compute=True, stop_tokens=(),
+                       init_scale=0.0, return_details=True)  # fmt: skip
+    assert out.sequences.shape == (1, 8)
+    # prefill (4 tokens, from zeros), then 3 tokens each warm-started from a latent
+    assert torch.count_nonzero(states[0]) == 0
+    assert all(torch.count_nonzero(s) > 0 for s in states[1:])
+    assert torch.allclose(states[1].norm(dim=-1), states[2].norm(dim=-1), rtol=0.2)
+
+
+def test_details_and_generate_method(model):
+    ids = prompt(1, 3)
+    out = model.generate(ids, 4, num_steps=2, init_scale=0.0, return_details=True, stop_tokens=())
+    assert isinstance(out, GenerationOutput)
+    assert out.steps.shape == (1, 4) and out.mean_steps == 2.0
+    assert out.acceptance_rate is None and out.cache_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(exit_criterion="nope"), "unknown exit criterion"),
+        (dict(exit_criterion="kl", exit_threshold=-1.0), "exit_threshold"),
+        (dict(min_steps=2), "need an exit_criterion"),
+        (dict(exit_criterion="kl", min_steps=5, max_steps=3), "exceeds max_steps"),
+        (dict(lookahead=3), "needs draft_steps"),
+        (dict(draft_steps=1, exit_criterion="kl"), "cannot be combined"),
+        (dict(num_steps=0), "num_steps"),
+        (dict(cache_budget=0), "cache_budget"),
+        (dict(temperature=0.0, do_sample=True), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(attention_mask=torch.tensor([[1, 1, 0]])), "left padding"),
+    ],
+)
+def test_bad_arguments(model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(model, prompt(1, 3), 2, **kwargs)
+
+
+def test_context_errors(model):
+    with pytest.raises(rm.ContextLengthError, match="prompt has 129 tokens"):
+        generate(model, prompt(1, 129), 1)
+    with pytest.raises(rm.ContextLengthError, match="at most 28"):
+        generate(model, prompt(1, 100), 40)
+    with pytest.raises(ValueError, match="vocabulary"):
+        generate(model, torch.tensor([[600]]), 1)
