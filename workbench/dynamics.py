@@ -74,9 +74,7 @@ def _check_states(states: np.ndarray, tail: int | None) -> tuple[np.ndarray, int
     return states.astype(np.float64, copy=False), tail
 
 
-def _is_converged(f: dict, th: DynamicsThresholds) -> bool:
-    if f["tail_relative_step"] < th.fixed_tol:
-        return True
+def _is_converging(f: dict, th: DynamicsThresholds) -> bool:
     moving = f["settling_ratio"] > th.max_settling_ratio  # chunk means move beyond jitter
     if moving and f["chunk_contraction"] <= th.max_contraction:
         return True
@@ -94,14 +92,17 @@ def _is_orbit(f: dict, th: DynamicsThresholds) -> bool:
         and (flip_flop or f["aspect"] >= th.min_aspect)
         and (flip_flop or f["angle_consistency"] >= th.min_angle_consistency)
         and (flip_flop or abs(f["angle_speed"] - omega) <= th.max_speed_mismatch * omega)
+        and f["radial_trend"] > th.max_contraction  # not a converging spiral
     )
 
 
 def _decide(f: dict, th: DynamicsThresholds) -> str:
-    if _is_converged(f, th):
+    if f["tail_relative_step"] < th.fixed_tol:
         return "fixed_point"
     if _is_orbit(f, th):
         return "orbit"
+    if _is_converging(f, th):
+        return "fixed_point"
     if f["settling_ratio"] <= th.max_settling_ratio and f["spread"] <= th.max_jitter:
         return "fixed_point"
     if f["straightness"] >= th.min_straightness:
@@ -123,6 +124,7 @@ def token_features(
         aspect=rot.aspect,
         angle_speed=rot.angle_speed,
         angle_consistency=rot.consistency,
+        radial_trend=rot.radial_trend,
     )
     return f, rot.plane
 

@@ -129,13 +129,16 @@ class RotationFit:
     `plane` (2, h) is an orthonormal basis of span(a, b) mapped back to R^h; `share` the fraction of
     the tail's variance the fit explains; `aspect` the ellipse's minor/major axis ratio;
     `angle_speed` the median per-step advance of the angle in the fitted ellipse's own coordinates;
-    `consistency` the fraction of steps whose advance is within 50 % of ω.
+    `consistency` the fraction of steps whose advance is within 50 % of ω; `radial_trend` the
+    per-step growth ratio of the radius in those coordinates (1 for a steady orbit, q for a spiral
+    converging as q^t).
     """
 
     omega: float
     share: float
     angle_speed: float
     consistency: float
+    radial_trend: float
     aspect: float
     plane: np.ndarray
 
@@ -153,24 +156,35 @@ def _explained(omegas: np.ndarray, t: np.ndarray, scores: np.ndarray) -> np.ndar
     return np.sum(proj**2, axis=(1, 2)) / max(float(np.sum(scores**2)), _TINY)
 
 
-def best_frequency(scores: np.ndarray, oversample: int = 4) -> tuple[float, float]:
-    """(ω, explained share) maximising the sinusoid fit over ω in (0, π), refined off-grid."""
+def _refine(scores: np.ndarray, t: np.ndarray, lo: float, hi: float) -> float:
+    """The ω in [lo, hi] maximising the sinusoid fit of scores (bounded scalar search)."""
+    res = minimize_scalar(
+        lambda w: -_explained(np.array([w]), t, scores)[0],
+        bounds=(max(lo, 1e-6), min(hi, np.pi)),
+        method="bounded",
+        options=dict(xatol=1e-7),
+    )
+    return float(res.x)
+
+
+def best_frequency(scores: np.ndarray, oversample: int = 4) -> float:
+    """The ω in (0, π) maximising the sinusoid fit of scores (W + 1, k): grid, then refined."""
     n = len(scores)
     t = np.arange(n, dtype=float) - (n - 1) / 2
     step = np.pi / (oversample * n)
     omegas = np.arange(step, np.pi - step / 2, step)
     share = _explained(omegas, t, scores)
     best = int(np.argmax(share))
-    lo, hi = omegas[max(best - 1, 0)], omegas[min(best + 1, len(omegas) - 1)]
-    res = minimize_scalar(
-        lambda w: -_explained(np.array([w]), t, scores)[0],
-        bounds=(lo, hi),
-        method="bounded",
-        options=dict(xatol=1e-7),
-    )
-    if -res.fun >= share[best]:
-        return float(res.x), float(-res.fun)
-    return float(omegas[best]), float(share[best])
+    omega = _refine(scores, t, omegas[best] - step, omegas[best] + step)
+    return omega if _explained(np.array([omega]), t, scores)[0] >= share[best] else omegas[best]
+
+
+def _sinusoid(scores: np.ndarray, omega: float) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares centre (k,) and axes (k, 2) of scores ≈ c + a cos ωt + b sin ωt."""
+    n = len(scores)
+    t = np.arange(n, dtype=float) - (n - 1) / 2
+    coef, *_ = np.linalg.lstsq(_design(np.array([omega]), t)[0], scores, rcond=None)
+    return coef[0], coef[1:].T
 
 
 def _angle_stats(coords: np.ndarray, omega: float) -> tuple[float, float]:
@@ -185,13 +199,19 @@ def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: float) -
     """Fit the dominant rotation of a tail from its top PC scores (W + 1, k) and components (k, h)."""
     n, h = len(scores), components.shape[1]
     if total_var <= 0 or not np.any(scores):
-        return RotationFit(np.nan, 0.0, np.nan, 0.0, 0.0, np.zeros((2, h)))
-    omega, share = best_frequency(scores)
-    t = np.arange(n, dtype=float) - (n - 1) / 2
-    coef, *_ = np.linalg.lstsq(_design(np.array([omega]), t)[0], scores, rcond=None)
-    axes = coef[1:].T  # (k, 2): a and b
+        return RotationFit(np.nan, 0.0, np.nan, 0.0, np.nan, 0.0, np.zeros((2, h)))
+    # ω from all top PCs, then re-fitted inside the plane found (drops other rotations' leakage)
+    n_steps = n - 1
+    omega = best_frequency(scores)
+    _, axes = _sinusoid(scores, omega)
+    in_plane, _ = np.linalg.qr(axes)
+    t = np.arange(n, dtype=float) - n_steps / 2
+    half_bin = np.pi / n
+    omega = _refine(scores @ in_plane, t, omega - half_bin, omega + half_bin)
+    centre, axes = _sinusoid(scores, omega)
+    share = _explained(np.array([omega]), t, scores)[0]
     sv = np.linalg.svd(axes, compute_uv=False)
-    coords = (scores - coef[0]) @ np.linalg.pinv(axes).T
+    coords = (scores - centre) @ np.linalg.pinv(axes).T
     angle_speed, consistency = _angle_stats(coords, omega)
     basis, _ = np.linalg.qr(components.T @ axes)
     return RotationFit(
@@ -199,6 +219,7 @@ def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: float) -
         share=share * float(np.sum(scores**2) / total_var),
         angle_speed=angle_speed,
         consistency=consistency,
+        radial_trend=float(np.exp(_log_slope(np.linalg.norm(coords, axis=1))[0])),
         aspect=float(_safe_ratio(sv[-1], sv[0])),
         plane=basis.T,
     )
