@@ -1,8 +1,8 @@
 """Forward throughput vs the machine's matmul throughput, hook-recording overhead, training memory.
 
 Everything is measured side by side in one process:
-1. float32 forward at h=256 and h=512, T=256, r=32: the time torch.mm needs for exactly the model's
-   matmul shapes, divided by the forward's time (1.0 = the forward runs at matmul speed).
+1. float32 forward at h=256 and h=512, T=256, r=32: the forward's FLOP/s (linear layers + causal
+   attention) as a fraction of the FLOP/s torch.mm reaches on exactly the model's matmul shapes.
 2. run_with_cache recording only core.hook_state vs a plain forward (h=256, T=256, r=32).
 3. Peak training memory (forward + backward) at r̄=32 vs r̄=8 with k=8, each in a fresh subprocess.
 
@@ -86,13 +86,15 @@ def forward_efficiency(h: int, tokens: int, steps: int, repeats: int) -> dict:
         fwd_again = best_time(lambda: model(ids, num_steps=steps), repeats)
     fwd = min(fwd, fwd_again)
     mm_time, mm_flops = matmul_time(matmul_shapes(cfg, tokens, steps), repeats)
+    model_gflops = (mm_flops + attention_flops(cfg, tokens, steps)) / fwd / 1e9
+    matmul_gflops = mm_flops / mm_time / 1e9
     return {
         "h": h,
         "forward_s": fwd,
         "matmul_s": mm_time,
-        "efficiency": mm_time / fwd,
-        "model_gflops": (mm_flops + attention_flops(cfg, tokens, steps)) / fwd / 1e9,
-        "matmul_gflops": mm_flops / mm_time / 1e9,
+        "efficiency": model_gflops / matmul_gflops,
+        "model_gflops": model_gflops,
+        "matmul_gflops": matmul_gflops,
         "record_s": rec,
         "record_overhead": rec / fwd - 1,
     }
