@@ -1,0 +1,197 @@
+"""Tests of workbench.classify_dynamics on the synthetic benchmark and hand-built trajectories."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import classify_dynamics
+from workbench.dynamics import KINDS, default_tail, rotation_plane
+from workbench.synthetic import SUBTYPES, make_benchmark, make_set, rms_normalise
+
+H = 64
+
+
+@pytest.fixture(scope="module")
+def benchmark() -> pd.DataFrame:
+    """Labels and predictions of the committed benchmark (seed 0), one row per token."""
+    frames = []
+    for s in make_benchmark(seed=0, repeats=2):
+        pred = classify_dynamics(s.states).reset_index(drop=True)
+        pred = pred[["kind", "period"]].add_suffix("_pred")
+        frames.append(pd.concat([s.labels, pred], axis=1))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _plane(rng: np.random.Generator, n: int = 2) -> np.ndarray:
+    return np.linalg.qr(rng.standard_normal((H, n)))[0].T
+
+
+def _circle(period: float, steps: int = 64, radius: float = 2.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    u, v = _plane(rng)
+    angle = 2 * np.pi * np.arange(steps + 1) / period
+    return rng.standard_normal(H) + radius * (
+        np.outer(np.cos(angle), u) + np.outer(np.sin(angle), v)
+    )
+
+
+def test_benchmark_kind_accuracy(benchmark: pd.DataFrame) -> None:
+    acc = (benchmark.kind == benchmark.kind_pred).mean()
+    assert acc >= 0.95, pd.crosstab(benchmark.kind, benchmark.kind_pred)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_benchmark_accuracy_per_kind(benchmark: pd.DataFrame, kind: str) -> None:
+    rows = benchmark[benchmark.kind == kind]
+    assert len(rows) >= 20
+    assert (rows.kind_pred == kind).mean() >= 0.95, rows.kind_pred.value_counts()
+
+
+def test_benchmark_covers_every_subtype(benchmark: pd.DataFrame) -> None:
+    seen = set(zip(benchmark.kind, benchmark.subtype))
+    assert seen == {(k, s) for k, subs in SUBTYPES.items() for s in subs}
+    assert benchmark.noise.nunique() >= 3 and benchmark.h.nunique() >= 3
+
+
+def test_benchmark_period_error(benchmark: pd.DataFrame) -> None:
+    orbits = benchmark[(benchmark.kind == "orbit") & (benchmark.kind_pred == "orbit")]
+    err = (orbits.period_pred / orbits.period - 1).abs()
+    assert orbits.period.min() < 5 and orbits.period.max() > 40
+    assert err.median() <= 0.05 and err.quantile(0.95) <= 0.05, err.describe()
+
+
+def test_columns_and_blanks() -> None:
+    s = make_benchmark(seed=1, repeats=1, sizes=((64, H),))[0]
+    df = classify_dynamics(s.states)
+    assert list(df.index) == list(range(s.states.shape[1])) and list(df.token) == list(df.index)
+    for col in ("kind", "period", "angular_speed", "drift_speed", "final_step_size"):
+        assert col in df.columns
+    assert set(df.kind) <= set(KINDS)
+    orbit = df.kind == "orbit"
+    assert df.period[orbit].notna().all() and df.period[~orbit].isna().all()
+    assert np.allclose(df.period[orbit] * df.angular_speed[orbit], 2 * np.pi)
+    slider = df.kind == "slider"
+    assert df.drift_speed[slider].gt(0).all() and df.drift_speed[~slider].isna().all()
+    assert df.drift_direction_share[slider].between(0, 1).all()
+
+
+def test_orbit_period_speed_and_plane() -> None:
+    traj = _circle(period=12.5)
+    row = classify_dynamics(traj[:, None, :]).iloc[0]
+    assert row.kind == "orbit"
+    assert row.period == pytest.approx(12.5, rel=1e-3)
+    assert row.angular_speed == pytest.approx(2 * np.pi / 12.5, rel=1e-3)
+    assert row.plane_variance_share > 0.99
+    plane = rotation_plane(traj)
+    true_plane = _plane(np.random.default_rng(0))  # the plane _circle(seed=0) drew
+    assert plane.shape == (2, H)
+    assert np.allclose(plane @ plane.T, np.eye(2), atol=1e-8)
+    # the fitted plane spans the true one: all principal cosines are 1
+    assert np.allclose(np.linalg.svd(plane @ true_plane.T, compute_uv=False), 1, atol=1e-6)
+
+
+@pytest.mark.parametrize("period", [2.0, 2.5, 3.0, 7.0, 30.0])
+def test_orbit_periods_including_aliasing(period: float) -> None:
+    row = classify_dynamics(_circle(period)[:, None, :], tail=64).iloc[0]
+    assert row.kind == "orbit"
+    assert row.period == pytest.approx(period, rel=1e-3)
+
+
+def test_orbit_needs_a_revolution_in_the_tail() -> None:
+    traj = _circle(period=60)[:, None, :]
+    assert classify_dynamics(traj, tail=32).kind.iloc[0] != "orbit"
+    assert classify_dynamics(traj, tail=64).kind.iloc[0] == "orbit"
+
+
+def test_slider_speed_and_direction() -> None:
+    rng = np.random.default_rng(1)
+    d = _plane(rng, 1)[0]
+    traj = rng.standard_normal(H) * 5 + 0.05 * np.outer(np.arange(65), d)
+    row = classify_dynamics(traj[:, None, :]).iloc[0]
+    assert row.kind == "slider"
+    assert row.drift_speed == pytest.approx(0.05, rel=1e-6)
+    assert row.drift_direction_share == pytest.approx(1.0, abs=1e-9)
+    assert row.straightness == pytest.approx(1.0, abs=1e-9)
+
+
+def test_fixed_point_and_final_step_size() -> None:
+    rng = np.random.default_rng(2)
+    c, d = rng.standard_normal(H), rng.standard_normal(H)
+    traj = c + np.outer(0.9 ** np.arange(65), d)
+    row = classify_dynamics(traj[:, None, :]).iloc[0]
+    assert row.kind == "fixed_point"
+    expected = np.linalg.norm(traj[-1] - traj[-2]) / np.linalg.norm(traj[-1])
+    assert row.final_step_size == pytest.approx(expected, rel=1e-9)
+    assert np.isnan(row.period) and np.isnan(row.drift_speed)
+
+
+def test_random_walk_is_other() -> None:
+    rng = np.random.default_rng(3)
+    walks = rms_normalise(5 + np.cumsum(rng.normal(0, 0.02, size=(97, 8, H)), axis=0))
+    assert (classify_dynamics(walks).kind == "other").all()
+
+
+def test_thresholds_are_keyword_arguments() -> None:
+    rng = np.random.default_rng(4)
+    traj = (rng.standard_normal(H) + 0.01 * np.outer(np.arange(65), rng.standard_normal(H)))[
+        :, None, :
+    ]
+    assert classify_dynamics(traj).kind.iloc[0] == "slider"
+    assert classify_dynamics(traj, fixed_tol=1.0).kind.iloc[0] == "fixed_point"
+    assert classify_dynamics(traj, min_straightness=1.01).kind.iloc[0] == "other"
+    with pytest.raises(TypeError):
+        classify_dynamics(traj, no_such_threshold=1.0)
+
+
+def test_tail_selects_the_window() -> None:
+    """A drift that turns into an orbit: the tail sees the orbit, the whole run does not."""
+    traj = _circle(period=8, steps=128, radius=0.5)
+    drift = 0.2 * _plane(np.random.default_rng(9), 1)[0]
+    traj[:64] = traj[64] + np.outer(np.arange(-64, 0), drift)
+    assert classify_dynamics(traj[:, None, :], tail=32).kind.iloc[0] == "orbit"
+    assert classify_dynamics(traj[:, None, :], tail=128).kind.iloc[0] != "orbit"
+
+
+def test_default_tail() -> None:
+    assert default_tail(64) == 32 and default_tail(20) == 16 and default_tail(10) == 10
+
+
+def test_zero_and_constant_trajectories() -> None:
+    states = np.zeros((33, 2, H))
+    states[:, 1] = 1.5
+    df = classify_dynamics(states)
+    assert (df.kind == "fixed_point").all()
+    assert (df.final_step_size == 0).all()
+
+
+@pytest.mark.parametrize(
+    "states, message",
+    [
+        (np.full((33, 1, H), np.nan), "NaN"),
+        (np.zeros((5, 1, H)), "at least"),
+        (np.zeros((33, H)), "steps \\+ 1, T, h"),
+    ],
+)
+def test_invalid_input_raises(states: np.ndarray, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        classify_dynamics(states)
+
+
+def test_tail_longer_than_run_raises() -> None:
+    with pytest.raises(ValueError, match="longer"):
+        classify_dynamics(np.zeros((17, 1, H)), tail=20)
+
+
+def test_generator_is_deterministic_and_normalised() -> None:
+    a = make_set(
+        [("orbit", "quasi", 0.01), ("slider", "curved", 0.0)], 64, H, np.random.default_rng(7)
+    )
+    b = make_set(
+        [("orbit", "quasi", 0.01), ("slider", "curved", 0.0)], 64, H, np.random.default_rng(7)
+    )
+    assert a.states.shape == (65, 2, H)
+    assert np.array_equal(a.states, b.states) and a.labels.equals(b.labels)
+    assert np.allclose(np.sqrt(np.mean(a.states**2, axis=-1)), 1.0)
+    assert a.labels.period.iloc[0] >= 4 and np.isnan(a.labels.period.iloc[1])
