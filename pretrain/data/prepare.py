@@ -31,7 +31,7 @@ from .tokenizer_training import check_special_ids, train_tokenizer
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_TRAIN_BYTES = 256 * 2**20
-ENCODE_BATCH = 256
+ENCODE_BATCH = 4096
 log = logging.getLogger(__name__)
 
 
@@ -143,7 +143,10 @@ def _encoded(
 def _encode_batch(tokenizer: HuginnTokenizer, batch: list[Document]):
     if not batch:
         return
-    encodings = tokenizer.backend.encode_batch([d.text for d in batch], add_special_tokens=False)
+    backend = tokenizer.backend
+    # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which packing does not need.
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    encodings = encode([d.text for d in batch], add_special_tokens=False)
     yield from zip(batch, (e.ids for e in encodings))
 
 
