@@ -89,6 +89,16 @@ def test_parquet_reader_string_and_binary_columns(tmp_path):
     assert stats.invalid_utf8_bytes_replaced == 1
 
 
+def test_directory_of_jsonl_and_parquet_shards(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n")
+    pq.write_table(pa.table({"text": ["from parquet"]}), tmp_path / "b.parquet")
+    docs, _ = _read(tmp_path)
+    assert sorted((d.text, d.kind) for d in docs) == [
+        ("from jsonl", "jsonl"),
+        ("from parquet", "parquet"),
+    ]
+
+
 def test_parquet_without_text_column_is_an_error(tmp_path):
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "c.parquet")
     with pytest.raises(DataError, match=r"c\.parquet has no 'text' column"):

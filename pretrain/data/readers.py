@@ -121,9 +121,16 @@ def _raise_walk_error(exc: OSError) -> None:
 def read_directory(
     directory: Path, source: str, seed: int, policy: str, stats: ReadStats
 ) -> Iterator[Document]:
-    """Each text/code file is one document; binary files (a NUL byte near the start) are skipped."""
+    """Each text/code file is one document; ``.jsonl`` and ``.parquet`` files inside are read as
+    such; binary files (a NUL byte near the start) are skipped."""
     decode = _Decoder(policy, stats)
     for path in list_text_files(directory, seed):
+        if path.suffix == ".jsonl":
+            yield from read_jsonl(path, source, policy, stats)
+            continue
+        if path.suffix == ".parquet":
+            yield from read_parquet(path, source, policy, stats)
+            continue
         data = _read_bytes(path)
         if b"\x00" in data[:BINARY_PROBE_BYTES]:
             stats.binary_files_skipped += 1
