@@ -1,0 +1,258 @@
+"""The training configuration: YAML sections model / data / train / distributed / cluster.
+
+A config file only needs the keys it changes; every other key keeps the default below. ``--set
+train.lr=1e-3`` overrides one dotted key (the value is parsed as YAML, so numbers, booleans and lists
+work). Unknown keys are an error naming the key, so a typo never silently trains the wrong thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recurrent_model import RecurrentConfig, preset
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cpu-tiny.yaml"
+
+
+class TrainConfigError(ValueError):
+    """A training configuration that cannot be used; the message names the key."""
+
+
+@dataclass
+class ModelSection:
+    """A model preset plus field overrides; vocab_size and block_size follow the data section."""
+
+    preset: str = "small"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataSection:
+    """Keyword arguments of ``pretrain.data.DataConfig`` plus where prepared data is cached."""
+
+    sources: list[str] = field(default_factory=lambda: ["starter"])
+    keep_all_sources: list[str] = field(default_factory=list)
+    vocab_size: int = 4096
+    block_size: int = 256
+    val_fraction: float = 0.05
+    seed: int = 0
+    starter_size: str = "small"
+    tokenizer_path: str | None = None
+    invalid_utf8: str = "replace"
+    cache_dir: str | None = None  # None: OUT/data
+
+
+@dataclass
+class TrainSection:
+    """Optimisation, depth, precision, checkpointing and logging."""
+
+    max_steps: int = 200
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    cooldown_steps: int = 0
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    backprop_depth: int | None = None  # None: the model's mean_backprop_depth
+    activation_checkpointing: bool = False
+    compile: bool = False
+    precision: str = "auto"  # auto: bf16 autocast on GPU, float32 on CPU; or "bf16" / "fp32"
+    device: str = "auto"
+    threads: int | None = None
+    checkpoint_every: int = 100
+    keep_last: int = 3
+    log_every: int = 10
+    health_every: int = 50
+    val_every: int = 100
+    val_batches: int = 4
+    val_depths: list[int] | None = None  # None: 1, 4, 8, r̄, 2r̄
+    progress: bool = True
+
+
+@dataclass
+class DistributedSection:
+    """How ranks share gradients: ddp, fsdp (FSDP2 fully_shard) or bucketed (the recipe's all-reduce)."""
+
+    strategy: str = "ddp"
+    bucket_mb: int = 64
+    timeout_minutes: int = 30
+
+
+@dataclass
+class ClusterSection:
+    """What ``--slurm-script`` writes into the sbatch script."""
+
+    name: str = "frontier"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int = 7
+    time: str = "02:00:00"
+    account: str = "CHANGE_ME"
+    partition: str = "batch"
+    array_length: int = 1
+    modules: list[str] = field(
+        default_factory=lambda: ["PrgEnv-gnu", "rocm", "craype-accel-amd-gfx90a"]
+    )
+    ofi_rccl_lib: str = "$HOME/aws-ofi-rccl/lib"
+    venv: str = ".venv"
+    out: str = "runs/frontier"
+    gdr: bool = True
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "data": DataSection,
+    "train": TrainSection,
+    "distributed": DistributedSection,
+    "cluster": ClusterSection,
+}
+STRATEGIES = ("ddp", "fsdp", "bucketed")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+@dataclass
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
+        if not isinstance(raw, dict):
+            raise TrainConfigError(f"a training config is a mapping, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(SECTIONS))
+        if unknown:
+            raise TrainConfigError(
+                f"unknown config section(s) {', '.join(unknown)}; sections: {', '.join(SECTIONS)}"
+            )
+        sections = {}
+        for name, section_cls in SECTIONS.items():
+            values = raw.get(name) or {}
+            if not isinstance(values, dict):
+                raise TrainConfigError(f"config section {name!r} must be a mapping")
+            known = {f.name for f in dataclasses.fields(section_cls)}
+            bad = sorted(set(values) - known)
+            if bad:
+                raise TrainConfigError(
+                    f"unknown key(s) {', '.join(f'{name}.{k}' for k in bad)}; "
+                    f"{name} takes {', '.join(sorted(known))}"
+                )
+            sections[name] = section_cls(**_coerce(section_cls, name, values))
+        config = cls(**sections)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        t, d = self.train, self.distributed
+        if d.strategy not in STRATEGIES:
+            raise TrainConfigError(
+                f"distributed.strategy={d.strategy!r}; choose from {', '.join(STRATEGIES)}"
+            )
+        if t.precision not in PRECISIONS:
+            raise TrainConfigError(
+                f"train.precision={t.precision!r}; choose from {', '.join(PRECISIONS)}"
+            )
+        for key in ("max_steps", "micro_batch_size", "grad_accum", "checkpoint_every", "log_every"):
+            if int(getattr(t, key)) < 1:
+                raise TrainConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+        if t.keep_last < 1:
+            raise TrainConfigError(f"train.keep_last must be >= 1, got {t.keep_last}")
+        if t.lr <= 0:
+            raise TrainConfigError(f"train.lr must be > 0, got {t.lr}")
+        if t.warmup_steps < 0 or t.cooldown_steps < 0:
+            raise TrainConfigError("train.warmup_steps and train.cooldown_steps must be >= 0")
+        if self.model_config().block_size < self.data.block_size:
+            raise TrainConfigError(
+                f"data.block_size={self.data.block_size} exceeds the model's context "
+                f"(model.overrides.block_size={self.model_config().block_size})"
+            )
+
+    def model_config(self) -> RecurrentConfig:
+        """The model's config: the preset, the overrides, the data's vocabulary and block size."""
+        fields = {
+            "vocab_size": self.data.vocab_size,
+            "block_size": self.data.block_size,
+            **self.model.overrides,
+        }
+        try:
+            return preset(self.model.preset, **fields)
+        except TypeError as exc:
+            raise TrainConfigError(f"model.overrides: {exc}") from exc
+
+    @property
+    def backprop_depth(self) -> int:
+        k = self.train.backprop_depth
+        return self.model_config().mean_backprop_depth if k is None else int(k)
+
+    def val_depths(self) -> list[int]:
+        if self.train.val_depths is not None:
+            return [int(d) for d in self.train.val_depths]
+        r = self.model_config().mean_recurrence
+        return sorted({1, 4, 8, r, 2 * r})
+
+
+def _coerce(section_cls: type, section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Turn YAML strings like ``1e-3`` (YAML 1.1 reads them as text) into the field's number type."""
+    defaults = {f.name: f.default for f in dataclasses.fields(section_cls)}
+    out = dict(values)
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(default, bool) or isinstance(value, bool) or value is None:
+            continue
+        if isinstance(default, (int, float)) and isinstance(value, (str, int, float)):
+            kind = float if isinstance(default, float) else int
+            try:
+                out[key] = kind(value)
+            except ValueError:
+                raise TrainConfigError(
+                    f"{section}.{key}={value!r} is not a {kind.__name__}"
+                ) from None
+    return out
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``dotted.key=value`` to a raw config mapping (value parsed as YAML)."""
+    key, sep, value = assignment.partition("=")
+    if not sep or not key:
+        raise TrainConfigError(f"--set expects key=value, got {assignment!r}")
+    parts = key.strip().split(".")
+    if len(parts) < 2:
+        raise TrainConfigError(f"--set key {key!r} needs a section, e.g. train.lr=1e-3")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise TrainConfigError(f"--set {key}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (default: cpu-tiny.yaml) and apply ``--set`` overrides."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.is_file():
+        raise TrainConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
+    raw = copy.deepcopy(raw)
+    for assignment in overrides or []:
+        apply_override(raw, assignment)
+    return TrainConfig.from_dict(raw)

@@ -1,0 +1,202 @@
+"""torch.distributed set-up: ranks from torchrun or SLURM, gloo on CPU / nccl (RCCL) on GPU, and the
+three ways to share gradients (DDP, FSDP2 ``fully_shard``, the recipe's bucketed all-reduce)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .slurm import set_torch_env_from_slurm, under_slurm
+
+BUCKET_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class DistContext:
+    """Where this process sits: rank, local rank, world size, device and backend."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            if self.device.type == "cuda":
+                dist.barrier(device_ids=[self.device.index or 0])
+            else:
+                dist.barrier()
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = None) -> torch.Tensor:
+        """In-place all-reduce (SUM by default) on this rank's device; a no-op in one process."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """True when ``flag`` is set on any rank (used to agree on stopping after a signal)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    """ "auto": cuda:local_rank when a GPU (CUDA or ROCm) is present, else the CPU."""
+    if preference == "auto":
+        preference = "cuda" if torch.cuda.is_available() else "cpu"
+    if preference.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device asks for cuda, but torch sees no GPU")
+        index = int(preference.split(":")[1]) if ":" in preference else local_rank
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device(preference)
+
+
+def init_distributed(device_preference: str = "auto", timeout_minutes: int = 30) -> DistContext:
+    """Read the rank from torchrun's variables (or SLURM's) and join the process group if > 1 rank."""
+    if under_slurm() and "RANK" not in os.environ:
+        set_torch_env_from_slurm()
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    device = pick_device(device_preference, local_rank)
+    if world == 1:
+        return DistContext(0, 0, 1, device, None)
+    backend = "nccl" if device.type == "cuda" else "gloo"  # "nccl" is RCCL on ROCm builds
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"timeout": timedelta(minutes=timeout_minutes)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
+    return DistContext(rank, local_rank, world, device, backend)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    """DDP (default), FSDP2 fully_shard per block then the root, or nothing (bucketed / 1 rank)."""
+    if not ctx.distributed or strategy == "bucketed":
+        if ctx.distributed:
+            broadcast_parameters(model)
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        t = model.transformer  # type: ignore[attr-defined]
+        for block in [*t.prelude, *t.core_block, *t.coda]:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    raise ValueError(f"unknown distributed strategy {strategy!r}")
+
+
+@torch.no_grad()
+def broadcast_parameters(model: nn.Module) -> None:
+    """Make every rank start from rank 0's weights."""
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
+
+
+@torch.no_grad()
+def bucketed_all_reduce(
+    parameters: list[nn.Parameter], world_size: int, bucket_bytes: int = BUCKET_BYTES
+) -> int:
+    """The recipe's gradient sync: copy gradients into fixed float32 buckets, all-reduce each (sum),
+    divide by the world size, copy back. Returns the number of buckets used."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads or world_size == 1:
+        return 0
+    capacity = max(1, bucket_bytes // 4)
+    device = grads[0].device
+    bucket = torch.empty(capacity, dtype=torch.float32, device=device)
+    n_buckets, pending, used = 0, [], 0
+
+    def flush() -> None:
+        nonlocal used, n_buckets
+        if not pending:
+            return
+        view = bucket[:used]
+        dist.all_reduce(view, op=dist.ReduceOp.SUM)
+        view.div_(world_size)
+        offset = 0
+        for g in pending:
+            n = g.numel()
+            g.copy_(view[offset : offset + n].view_as(g))
+            offset += n
+        pending.clear()
+        used = 0
+        n_buckets += 1
+
+    for g in grads:
+        flat = g.view(-1)  # gradients are contiguous; pieces below write through this view
+        n = flat.numel()
+        if n > capacity:  # a tensor bigger than a bucket goes alone, in pieces
+            flush()
+            for start in range(0, n, capacity):
+                piece = flat[start : start + capacity]
+                bucket[: piece.numel()].copy_(piece)
+                view = bucket[: piece.numel()]
+                dist.all_reduce(view, op=dist.ReduceOp.SUM)
+                piece.copy_(view.div_(world_size))
+                n_buckets += 1
+            continue
+        if used + n > capacity:
+            flush()
+        bucket[used : used + n].copy_(flat)
+        pending.append(g)
+        used += n
+    flush()
+    return n_buckets
+
+
+def relaunch_with_torchrun(nproc: int, argv: list[str]) -> int:
+    """Re-run this launcher as ``nproc`` local ranks through torchrun (torch.distributed.run)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        script,
+        *argv,
+    ]
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,108 @@
+"""Pretrain a recurrent-depth model: ``python pretrain/launch.py [--config FILE] [--set k=v ...]
+[--out DIR] [--resume] [--max-steps N] [--nproc N] [--slurm-script]``.
+
+With no arguments it trains pretrain/configs/cpu-tiny.yaml on the embedded starter corpus into
+runs/cpu-tiny. ``--nproc N`` re-launches as N local ranks through torchrun; under SLURM
+(SLURM_PROCID set) the ranks come from SLURM's variables; ``--slurm-script`` prints the sbatch script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pretrain.config import DEFAULT_CONFIG, TrainConfigError, load_config  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pretrain/launch.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-tiny)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a dotted config key, e.g. --set train.lr=3e-4 (repeatable)",
+    )
+    p.add_argument("--out", default=None, help="run directory (default runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/latest")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stop after this step (the lr schedule keeps train.max_steps)",
+    )
+    p.add_argument("--nproc", type=int, default=None, help="run N local ranks through torchrun")
+    p.add_argument(
+        "--slurm-script",
+        action="store_true",
+        help="print the sbatch script for the configured cluster and exit",
+    )
+    return p.parse_args(argv)
+
+
+def strip_nproc(argv: list[str]) -> list[str]:
+    """argv without --nproc (and its value), for the ranks torchrun starts."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--nproc":
+            skip = True
+            continue
+        if arg.startswith("--nproc="):
+            continue
+        out.append(arg)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw_argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(raw_argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except TrainConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.slurm_script:
+        from pretrain.slurm import sbatch_script
+
+        print(sbatch_script(config, args.config, args.overrides), end="")
+        return 0
+    if args.nproc and args.nproc > 1 and "RANK" not in os.environ:
+        from pretrain.distributed import relaunch_with_torchrun
+
+        return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv))
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    return train(config, out, resume=args.resume, max_steps=args.max_steps)
+
+
+def train(config, out: Path, resume: bool = False, max_steps: int | None = None) -> int:
+    """Train in this process (one rank); returns an exit code."""
+    from pretrain.distributed import init_distributed, shutdown
+    from pretrain.trainer import Trainer
+
+    ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
+    try:
+        trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
+        summary = trainer.run()
+    finally:
+        shutdown()
+    if ctx.is_main:
+        last = summary.pop("last", {})
+        summary["loss"] = last.get("loss")
+        summary.update({k: v for k, v in last.items() if k.startswith("val_loss_")})
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Training telemetry: FLOPs and MFU, memory, recurrence health, and the metrics.jsonl writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recurrent_model import Depth, RecurrentConfig
+
+# Dense bf16 peak FLOP/s per device (one GCD for MI250X), by a substring of the device name.
+PEAK_FLOPS_BF16: dict[str, float] = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "GH200": 989e12,
+    "A100": 312e12,
+    "A10G": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "MI300X": 1307e12,
+    "MI250X": 191.5e12,
+    "MI250": 181e12,
+    "MI210": 181e12,
+    "V100": 125e12,
+}
+
+
+def flops_per_token(config: RecurrentConfig, depth: Depth, seq_len: int) -> float:
+    """Model FLOPs of one training token at the sampled depth (no recompute counted).
+
+    Forward: 2 FLOPs per matmul weight per token, plus 4·T·h per attention layer (QKᵀ and AV).
+    Backward: twice the forward of the parts that carry gradient: prelude, the last ``depth.grad``
+    core iterations (adapter + core blocks), coda and head.
+    """
+    h, inter, T = config.n_embd, config.intermediate_size, seq_len
+    block = 2 * (4 * h * h + 3 * inter * h) + 4 * T * h
+    iteration = 2 * (2 * h * h) + config.n_layers_in_recurrent_block * block
+    outer = (config.n_layers_in_prelude + config.n_layers_in_coda) * block
+    head = 2 * config.vocab_size * h
+    forward = outer + depth.total * iteration + head
+    backward = 2 * (outer + depth.grad * iteration + head)
+    return float(forward + backward)
+
+
+def measure_cpu_matmul_flops(size: int = 1024, seconds: float = 1.0) -> float:
+    """The CPU's float32 matmul throughput with torch's current thread count (FLOP/s)."""
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    torch.mm(a, b)
+    reps, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and reps >= 3:
+            break
+    return 2 * size**3 * reps / elapsed
+
+
+def peak_flops(device: torch.device, precision_bf16: bool) -> tuple[float | None, str]:
+    """(peak FLOP/s per device, where it came from). PRETRAIN_PEAK_FLOPS overrides."""
+    if os.environ.get("PRETRAIN_PEAK_FLOPS"):
+        return float(os.environ["PRETRAIN_PEAK_FLOPS"]), "PRETRAIN_PEAK_FLOPS"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key in sorted(PEAK_FLOPS_BF16, key=len, reverse=True):
+            if key in name:
+                peak = PEAK_FLOPS_BF16[key]
+                return (peak if precision_bf16 else peak / 2), f"table:{key}"
+        return None, f"unknown device {name!r} (set PRETRAIN_PEAK_FLOPS)"
+    return measure_cpu_matmul_flops(), "measured CPU float32 matmul"
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak memory in GiB: the accelerator's allocator peak, or the process's max RSS on the CPU."""
+    if device.type == "cuda":
+        return {"mem_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return {"rss_gib": rss * scale / 2**30}
+
+
+# Recurrence health ------------------------------------------------------------------------------
+def token_correlation(states: torch.Tensor) -> float:
+    """Mean off-diagonal cosine similarity between tokens' states, each centred on its own mean
+    (the Pearson correlation between token vectors); (B, T, h) -> scalar. 1 = collapsed tokens."""
+    x = states.float()
+    x = x - x.mean(dim=-1, keepdim=True)
+    x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    sim = x @ x.transpose(-1, -2)  # (B, T, T)
+    T = sim.shape[-1]
+    if T < 2:
+        return float("nan")
+    off = sim.sum(dim=(-1, -2)) - sim.diagonal(dim1=-2, dim2=-1).sum(-1)
+    return float((off / (T * (T - 1))).mean())
+
+
+def recurrence_health(
+    states: torch.Tensor, e: torch.Tensor | None, latents: torch.Tensor, outputs: torch.Tensor
+) -> dict[str, float]:
+    """Telemetry of one forward: states (r+1, B, T, h) from core.hook_state, e, ln_f(s_r), coda out."""
+    s_r = states[-1].float()
+    norm_r = s_r.norm(dim=-1)
+    out = {
+        "health/token_corr_latent": token_correlation(latents),
+        "health/token_corr_output": token_correlation(outputs),
+        "health/state_norm": float(norm_r.mean()),
+    }
+    if states.shape[0] >= 2:
+        step = (s_r - states[-2].float()).norm(dim=-1)
+        out["health/step_abs"] = float(step.mean())
+        out["health/step_rel"] = float((step / norm_r.clamp_min(1e-12)).mean())
+    if e is not None:
+        out["health/dist_to_e"] = float((s_r - e.float()).norm(dim=-1).mean())
+    return out
+
+
+# metrics.jsonl ----------------------------------------------------------------------------------
+class MetricsWriter:
+    """Appends one JSON object per logged step to ``metrics.jsonl`` (rank 0 only)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        clean = {k: _jsonable(v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)  # JSON has no NaN/inf; keep them readable
+    return value

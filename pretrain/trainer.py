@@ -1,0 +1,478 @@
+"""The training loop: lock-step depth, truncated backprop, the recipe's optimizer, checkpoints,
+validation at several depths and telemetry. One ``Trainer`` per process (rank)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recurrent_model import HuginnTokenizer, RecurrentLM, sample_depth
+from recurrent_model.checkpoint import write_checkpoint_files
+
+from .config import TrainConfig
+from .distributed import DistContext, bucketed_all_reduce, wrap_model
+from .metrics import (
+    MetricsWriter,
+    flops_per_token,
+    memory_stats,
+    peak_flops,
+    recurrence_health,
+)
+from .optimizer import ClippedAtanAdam, clip_grads_, global_grad_norm, parameter_groups
+from .schedule import Schedule
+from .trainer_state import (
+    CheckpointManager,
+    ResumeError,
+    capture_rng,
+    load_optimizer_tensors,
+    load_weights,
+    optimizer_tensors,
+    parameter_names,
+    read_state,
+    restore_rng,
+    rewind_metrics,
+)
+
+MAX_SKIPPED_IN_A_ROW = 20
+HEALTH_HOOKS = ("core.hook_state", "hook_e", "hook_latent", "hook_final_norm")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss stayed non-finite); the message says why."""
+
+
+def prepare(config: TrainConfig, data_dir: Path, ctx: DistContext, progress: bool) -> Any:
+    """Rank 0 builds (or reuses) the prepared data; the other ranks wait, then load it."""
+    from pretrain.data import DataConfig, load_prepared, prepare_data
+
+    fields = {k: v for k, v in asdict(config.data).items() if k != "cache_dir"}
+    if ctx.is_main:
+        prepared = prepare_data(DataConfig(**fields), data_dir, progress=progress)
+    ctx.barrier()
+    if not ctx.is_main:
+        prepared = load_prepared(data_dir)
+    return prepared
+
+
+class Trainer:
+    """Trains ``config`` into ``out_dir``; ``run()`` returns a summary dict."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        out_dir: str | Path,
+        ctx: DistContext,
+        resume: bool = False,
+        max_steps: int | None = None,
+    ) -> None:
+        self.config, self.ctx = config, ctx
+        self.out = Path(out_dir)
+        self.train_cfg = config.train
+        self.stop_at = min(config.train.max_steps, max_steps or config.train.max_steps)
+        self.checkpoints = CheckpointManager(self.out / "checkpoints", config.train.keep_last)
+        self.device = ctx.device
+        self.bf16 = config.train.precision == "bf16" or (
+            config.train.precision == "auto" and self.device.type == "cuda"
+        )
+        self._signal: int | None = None
+        self.step = 0
+        self.skipped = 0
+        self.tokens = 0
+        self.out.mkdir(parents=True, exist_ok=True)
+        if config.train.threads:
+            torch.set_num_threads(int(config.train.threads))
+        self._build(resume)
+
+    # Set-up ----------------------------------------------------------------------------------------
+    def _build(self, resume: bool) -> None:
+        cfg, t = self.config, self.train_cfg
+        data_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else self.out / "data"
+        self.prepared = prepare(cfg, data_dir, self.ctx, t.progress and self.ctx.is_main)
+        model_cfg = cfg.model_config()
+        if self.prepared.vocab_size != model_cfg.vocab_size:
+            raise TrainingError(
+                f"the prepared data has vocab_size {self.prepared.vocab_size} but the model "
+                f"{model_cfg.vocab_size}; set data.vocab_size (the model follows it)"
+            )
+        self.model_config = model_cfg
+        torch.manual_seed(t.seed)
+        init_gen = torch.Generator().manual_seed(t.seed)
+        model = RecurrentLM(model_cfg, init_weights=False)
+        model.reset_parameters(generator=init_gen)
+        model.tokenizer = HuginnTokenizer.from_file(self.prepared.tokenizer_path)
+        latest = self.checkpoints.latest() if resume else None
+        if latest is not None:
+            load_weights(model, latest)
+        model.activation_checkpointing = t.activation_checkpointing
+        self.model = model.to(self.device)
+        if t.compile:
+            for block in [
+                *model.transformer.prelude,
+                *model.transformer.core_block,
+                *model.transformer.coda,
+            ]:
+                block.compile()
+        self.wrapped = wrap_model(self.model, cfg.distributed.strategy, self.ctx)
+        self.params = list(dict.fromkeys(self.model.parameters()))  # FSDP swaps in DTensors
+        self.names = parameter_names(self.model)
+        self.optimizer = ClippedAtanAdam(
+            parameter_groups(self.model, t.weight_decay),
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            weight_decay=t.weight_decay,
+        )
+        self.schedule = Schedule(
+            t.lr, t.warmup_steps, t.max_steps, t.cooldown_steps, t.min_lr_ratio
+        )
+        # s_0 noise: a per-rank generator whose state is part of the checkpoint.
+        self.noise = torch.Generator(self.device).manual_seed(
+            1_000_003 * (t.seed + 1) + self.ctx.rank
+        )
+        from pretrain.data import PackedLoader
+
+        self.loader = PackedLoader(
+            self.prepared,
+            split="train",
+            batch_size=t.micro_batch_size,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            seed=t.seed,
+        )
+        self.loader_iter: Iterator = iter(self.loader)
+        if latest is not None:
+            self._restore(latest)
+        elif resume and self.ctx.is_main:
+            print(f"--resume: no checkpoint in {self.checkpoints.root}; starting from step 0")
+        self.tokens_per_step = (
+            t.micro_batch_size * t.grad_accum * self.prepared.block_size * self.ctx.world_size
+        )
+        metrics_path = self.out / "metrics.jsonl"
+        if self.ctx.is_main and latest is not None:
+            rewind_metrics(metrics_path, self.step)
+        self.metrics = MetricsWriter(metrics_path if self.ctx.is_main else None)
+        self.peak, self.peak_source = peak_flops(self.device, self.bf16)
+
+    def _restore(self, path: Path) -> None:
+        state, tensors = read_state(path)
+        if state["world_size"] != self.ctx.world_size:
+            raise ResumeError(
+                f"{path} was written by {state['world_size']} ranks; resume with the same number "
+                f"(this run has {self.ctx.world_size}) so every rank reads exactly its next rows"
+            )
+        load_optimizer_tensors(self.optimizer, self.names, tensors)
+        self.step, self.skipped, self.tokens = state["step"], state["skipped"], state["tokens"]
+        mine = state["ranks"][self.ctx.rank]
+        self.loader.load_state_dict(mine["loader"])
+        self.loader_iter = iter(self.loader)
+        restore_rng(mine["rng"], {"noise": self.noise})
+        if self.ctx.is_main:
+            print(f"resumed from {path} at step {self.step}")
+
+    # Signals ---------------------------------------------------------------------------------------
+    def _install_signals(self) -> dict[int, Any]:
+        previous = {}
+
+        def handler(signum: int, frame: Any) -> None:
+            self._signal = signum
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                pass
+        return previous
+
+    # One optimizer step ----------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.bf16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _sync_context(self, last: bool) -> contextlib.AbstractContextManager:
+        """Skip the gradient sync on all but the last micro-batch of an accumulation."""
+        strategy = self.config.distributed.strategy
+        if not self.ctx.distributed or last:
+            if strategy == "fsdp" and self.ctx.distributed:
+                self.model.set_requires_gradient_sync(True)  # type: ignore[operator]
+            return contextlib.nullcontext()
+        if strategy == "ddp":
+            return self.wrapped.no_sync()  # type: ignore[operator]
+        if strategy == "fsdp":
+            self.model.set_requires_gradient_sync(False)  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+    def train_step(self) -> dict[str, Any]:
+        """Forward/backward over grad_accum micro-batches at the lock-step depth, then one update."""
+        t = self.train_cfg
+        depth = sample_depth(
+            self.step, self.model_config.mean_recurrence, self.config.backprop_depth, seed=t.seed
+        )
+        self.wrapped.train()
+        start = time.perf_counter()
+        total_loss = torch.zeros((), device=self.device)
+        for micro in range(t.grad_accum):
+            inputs, labels = next(self.loader_iter)
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            with self._sync_context(micro == t.grad_accum - 1), self.autocast():
+                out = self.wrapped(
+                    inputs,
+                    num_steps=depth.total,
+                    labels=labels,
+                    backprop_depth=depth.grad,
+                    generator=self.noise,
+                )
+                loss = out.loss / t.grad_accum
+            loss.backward()
+            total_loss += loss.detach()
+        if self.ctx.distributed and self.config.distributed.strategy == "bucketed":
+            bucketed_all_reduce(
+                self.params, self.ctx.world_size, self.config.distributed.bucket_mb * 1024 * 1024
+            )
+        grad_norm = global_grad_norm(self.params)
+        lr = self.schedule.apply(self.optimizer, self.step)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.skipped += 1
+        else:
+            clip_grads_(self.params, t.grad_clip, grad_norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_value = float(self.ctx.all_reduce(total_loss)) / self.ctx.world_size
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        tok_s = self.tokens_per_step / elapsed
+        flops = flops_per_token(self.model_config, depth, self.prepared.block_size)
+        record: dict[str, Any] = {
+            "step": self.step,
+            "loss": loss_value,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "depth_no_grad": depth.no_grad,
+            "depth_grad": depth.grad,
+            "tokens": self.tokens,
+            "tokens_per_s": tok_s,
+            "flops_per_s_per_device": flops * tok_s / self.ctx.world_size,
+            "skipped_steps": self.skipped,
+            "step_time_s": elapsed,
+        }
+        if self.peak:
+            record["mfu"] = record["flops_per_s_per_device"] / self.peak
+        if skipped:
+            record["skipped"] = True
+        return record
+
+    # Evaluation ------------------------------------------------------------------------------------
+    def _val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        from pretrain.data import PackedLoader
+
+        loader = PackedLoader(
+            self.prepared,
+            split="val",
+            batch_size=self.train_cfg.micro_batch_size,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            seed=0,
+        )
+        batches = []
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) >= self.train_cfg.val_batches:
+                break
+        n = torch.tensor([float(len(batches))], device=self.device)
+        if self.ctx.distributed:  # equal counts on every rank (FSDP forwards are collectives)
+            torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
+        return batches[: int(n.item())]
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Mean validation loss at each configured depth (no gradient, fixed s_0 noise)."""
+        batches = self._val_batches()
+        if not batches:
+            return {}
+        self.model.eval()
+        out: dict[str, float] = {}
+        for d in self.config.val_depths():
+            gen = torch.Generator(self.device).manual_seed(12345 + self.ctx.rank)
+            total = torch.zeros(2, device=self.device)
+            for inputs, labels in batches:
+                inputs, labels = inputs.to(self.device), labels.to(self.device)
+                with self.autocast():
+                    res = self.model(inputs, num_steps=d, labels=labels, generator=gen)
+                total += torch.stack(
+                    [
+                        res.loss.float() * labels.numel(),
+                        torch.tensor(float(labels.numel()), device=self.device),
+                    ]
+                )
+            self.ctx.all_reduce(total)
+            out[f"val_loss_{d}"] = float(total[0] / total[1])
+        self.model.train()
+        return out
+
+    @torch.no_grad()
+    def health(self) -> dict[str, float]:
+        """Recurrence health on one validation sequence at the mean depth."""
+        batches = self._val_batches()
+        if not batches:
+            return {}
+        inputs = batches[0][0][:1].to(self.device)
+        self.model.eval()
+        gen = torch.Generator(self.device).manual_seed(777)
+        with self.autocast():
+            _, cache = self.model.run_with_cache(
+                inputs,
+                num_steps=self.model_config.mean_recurrence,
+                names_filter=list(HEALTH_HOOKS),
+                generator=gen,
+            )
+        self.model.train()
+        return recurrence_health(
+            cache["core.hook_state"],
+            cache["hook_e"],
+            cache["hook_latent"],
+            cache["hook_final_norm"],
+        )
+
+    # Checkpoints -----------------------------------------------------------------------------------
+    def _write_model(self, model: RecurrentLM, directory: Path) -> None:
+        write_checkpoint_files(model, directory)
+
+    def save(self) -> Path | None:
+        """Write DIR/checkpoints/step-NNNNNNN on rank 0 (all ranks contribute their state)."""
+        per_rank = {"loader": self.loader.state_dict(), "rng": capture_rng({"noise": self.noise})}
+        ranks = self.ctx.all_gather_object(per_rank)
+        tensors = optimizer_tensors(self.optimizer, self.names)  # collective under FSDP
+        model = self._full_model()
+        path = None
+        if self.ctx.is_main:
+            state = {
+                "step": self.step,
+                "skipped": self.skipped,
+                "tokens": self.tokens,
+                "world_size": self.ctx.world_size,
+                "schedule": asdict(self.schedule),
+                "config": self.config.to_dict(),
+                "corpus_hash": self.prepared.corpus_hash,
+                "ranks": ranks,
+            }
+            path = self.checkpoints.write(self.step, model, state, tensors)
+        self.ctx.barrier()
+        return path
+
+    def _full_model(self) -> RecurrentLM:
+        """The model with plain (unsharded) weights for writing in the Huginn layout."""
+        if not (self.ctx.distributed and self.config.distributed.strategy == "fsdp"):
+            return self.model
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        copy = RecurrentLM(self.model_config, init_weights=False)
+        if self.ctx.is_main:
+            copy.load_state_dict(full, strict=False)
+        copy.tokenizer = self.model.tokenizer
+        return copy
+
+    # The loop --------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t = self.train_cfg
+        previous = self._install_signals()
+        bar = None
+        if self.ctx.is_main and t.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.stop_at, initial=self.step, desc="train", dynamic_ncols=True)
+        if self.ctx.is_main:
+            print(
+                f"model {self.model_config.shape_summary()}, "
+                f"{self.model.num_parameters() / 1e6:.2f}M parameters; "
+                f"{self.tokens_per_step} tokens/step; peak {self.peak_source}"
+            )
+        last_saved = self.step if self.checkpoints.latest() is not None else -1
+        record: dict[str, Any] = {}
+        skipped_in_row = 0
+        started = time.perf_counter()
+        try:
+            while self.step < self.stop_at:
+                record = self.train_step()
+                skipped_in_row = skipped_in_row + 1 if record.get("skipped") else 0
+                if record.get("skipped") and self.ctx.is_main:
+                    self._say(
+                        bar,
+                        f"step {self.step}: non-finite gradient norm "
+                        f"(loss {record['loss']}); update skipped "
+                        f"({self.skipped} skipped so far)",
+                    )
+                if skipped_in_row >= MAX_SKIPPED_IN_A_ROW:
+                    raise TrainingError(
+                        f"{skipped_in_row} steps in a row had a non-finite loss/gradient "
+                        f"(last loss {record['loss']}); lower train.lr or check the data"
+                    )
+                at_end = self.step >= self.stop_at
+                if self.step % t.health_every == 0 or at_end:
+                    record.update(self.health())
+                if self.step % t.val_every == 0 or at_end:
+                    record.update(self.validate())
+                record.update(memory_stats(self.device))
+                if self.step % t.log_every == 0 or at_end or "val_loss_1" in record:
+                    self.metrics.write(record)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=f"{record['loss']:.3f}",
+                        lr=f"{record['lr']:.1e}",
+                        tok_s=f"{record['tokens_per_s']:.0f}",
+                        mfu=f"{record.get('mfu', 0):.2f}",
+                        r=f"{record['depth_no_grad']}+{record['depth_grad']}",
+                    )
+                if any(k.startswith("val_loss_") for k in record) and self.ctx.is_main:
+                    vals = " ".join(
+                        f"{k[9:]}:{v:.3f}" for k, v in record.items() if k.startswith("val_loss_")
+                    )
+                    self._say(bar, f"step {self.step} val loss by depth {vals}")
+                stop = self.ctx.any(self._signal is not None)
+                if self.step % t.checkpoint_every == 0 or at_end or stop:
+                    self.save()
+                    last_saved = self.step
+                if stop:
+                    self._say(
+                        bar,
+                        f"signal received: checkpoint at step {self.step} written, "
+                        "stopping (resume with --resume)",
+                    )
+                    break
+            if last_saved != self.step:
+                self.save()
+        finally:
+            if bar is not None:
+                bar.close()
+            self.metrics.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return {
+            "step": self.step,
+            "skipped": self.skipped,
+            "tokens": self.tokens,
+            "wall_s": time.perf_counter() - started,
+            "last": record,
+            "latest": str(self.checkpoints.latest()),
+        }
+
+    @staticmethod
+    def _say(bar: Any, message: str) -> None:
+        if bar is not None:
+            bar.write(message)
+        else:
+            print(message, flush=True)
