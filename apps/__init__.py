@@ -1,0 +1,1 @@
+"""The Streamlit app (``apps/trajectories.py``) and its helpers."""

@@ -1,0 +1,175 @@
+"""Cached computations behind the app: the model (st.cache_resource), trajectories and analyses
+(st.cache_data). Every analysis is a workbench call; this module only caches and keys them.
+
+Cached functions take the model and the trajectory as unhashed ``_model`` / ``_traj`` arguments plus a
+hashable key that identifies them, so a rerun that only changes a view recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+import torch
+
+import recurrent_model
+import workbench
+from workbench.dynamics import rotation_plane
+
+from .fallback_model import DEFAULT_CHECKPOINT, default_model
+from .inputs import RunSettings
+
+ModelKey = str
+TrajKey = tuple
+
+
+def checkpoint_signature(path: Path) -> str:
+    """Names, sizes and modification times of the files in ``path``: changes when it is rewritten."""
+    if not path.is_dir():
+        return "missing"
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+
+
+@st.cache_resource(max_entries=2, show_spinner="Loading the model …")
+def load(path: str, device: str, dtype: str, signature: str) -> recurrent_model.RecurrentLM:
+    """The model at ``path`` (the labelled random stand-in when the default has no checkpoint)."""
+    del signature  # part of the cache key only
+    if Path(path) == DEFAULT_CHECKPOINT and not (DEFAULT_CHECKPOINT / "config.json").is_file():
+        return default_model(device=device, dtype=dtype)
+    return recurrent_model.load_model(path, device=device, dtype=dtype)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def trajectory(_model, model_key: ModelKey, run: RunSettings) -> workbench.Trajectory:
+    """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once."""
+    traj = workbench.collect(
+        _model,
+        list(run.token_ids),
+        run.num_steps,
+        seeds=run.seeds,
+        init_scale=run.init_scale,
+        progress=False,
+    )
+    traj.normalized_states  # noqa: B018 - computed now so that cache hits carry it
+    return traj
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def pca(_traj, key: TrajKey, all_seeds: bool = False, n_components: int = 6):
+    """One PCA over all states (seed 0, or every seed); coordinates and explained variance ratios."""
+    states = _traj.states if all_seeds else _traj.states[0]
+    coords, model = workbench.project(states, "pca", n_components=n_components)
+    return coords, np.asarray(model.explained_variance_ratio_)
+
+
+@st.cache_data(max_entries=4, show_spinner="Fitting UMAP (the first import takes ~20 s) …")
+def umap(_traj, key: TrajKey) -> np.ndarray:
+    """UMAP coordinates (steps + 1, T, 2) of seed 0, fitted on its first 50 principal components."""
+    coords, _ = workbench.project(_traj.states[0], "umap", n_components=2)
+    return coords
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def convergence(_traj, key: TrajKey) -> pd.DataFrame:
+    return workbench.convergence(_traj.states[0], tokens=_traj.tokens)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def steps_to_converge(_traj, key: TrajKey, eps: float) -> pd.DataFrame:
+    return workbench.steps_to_converge(convergence(_traj, key), eps=eps)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def step_dynamics(_traj, key: TrajKey) -> pd.DataFrame:
+    return workbench.step_dynamics(_traj.states[0], tokens=_traj.tokens)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def token_correlation(_traj, key: TrajKey) -> pd.DataFrame:
+    return workbench.token_correlation(_traj.states[0])
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def path_independence(_traj, key: TrajKey) -> pd.DataFrame:
+    return workbench.path_independence(_traj.states, tokens=_traj.tokens)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def attractor_distance(_traj, key: TrajKey) -> pd.DataFrame:
+    window = min(16, max(1, _traj.num_steps // 2))
+    return workbench.attractor_distance(_traj.states, window=window, tokens=_traj.tokens)
+
+
+@st.cache_data(max_entries=16, show_spinner="Classifying the dynamics of every token …")
+def dynamics(_traj, key: TrajKey, run: int = 0) -> pd.DataFrame:
+    frame = workbench.classify_dynamics(_traj.states[run])
+    frame.insert(1, "token_text", _traj.tokens)
+    return frame
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def plane(_traj, key: TrajKey, position: int, run: int = 0) -> np.ndarray:
+    """The dominant rotation plane (2, h) of one token's trajectory."""
+    return rotation_plane(_traj.states[run][:, position])
+
+
+@st.cache_data(max_entries=8, show_spinner="Decoding every state through the lens …")
+def lens(_model, _traj, key: TrajKey, kind: str) -> pd.DataFrame:
+    return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_traj.tokens)
+
+
+@st.cache_data(max_entries=8, show_spinner="Generating …")
+def generation(
+    _model,
+    model_key: ModelKey,
+    token_ids: tuple[int, ...],
+    max_new_tokens: int,
+    num_steps: int,
+    exit_criterion: str | None,
+    exit_threshold: float | None,
+    init_scale: float,
+) -> dict:
+    """Greedy generation with an optional adaptive exit: text, tokens and iterations per token."""
+    ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
+    out = _model.generate(
+        ids,
+        max_new_tokens,
+        num_steps=num_steps,
+        exit_criterion=exit_criterion,
+        exit_threshold=exit_threshold,
+        init_scale=init_scale,
+        return_details=True,
+    )
+    new = out.sequences[0, len(token_ids) :].tolist()
+    steps = out.steps[0].tolist()
+    n = sum(1 for s in steps if s > 0)  # tokens after a stop token get 0 steps
+    tok = _model.tokenizer
+    return {
+        "text": tok.decode(new[:n]),
+        "table": pd.DataFrame(
+            {"position": range(n), "token": tok.token_strings(new[:n]), "steps": steps[:n]}
+        ),
+        "mean_steps": out.mean_steps,
+    }
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def trajectory_file(_traj, key: TrajKey) -> bytes:
+    """The trajectory as a safetensors file (Trajectory.save), for the download button."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trajectory.safetensors")
+        _traj.save(path)
+        return Path(path).read_bytes()
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """A DataFrame as CSV bytes (list-valued cells written as their text)."""
+    buf = io.StringIO()
+    frame.to_csv(buf, index=False)
+    return buf.getvalue().encode()

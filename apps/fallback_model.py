@@ -1,0 +1,71 @@
+"""A clearly labelled, randomly initialised stand-in for the trained default checkpoint.
+
+Used by the app, the notebooks and the tests while ``checkpoints/default/`` does not exist: the tiny
+preset with a byte-level tokenizer built on the fly (256 byte tokens, no merges, the Huginn special
+tokens at ids V − 32 …). Its trajectories carry no learned structure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from recurrent_model import RecurrentLM, load_model, preset
+from recurrent_model.tokenizer import SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "default"
+FALLBACK_NAME = "random-init-tiny (UNTRAINED)"
+FALLBACK_VOCAB = 512
+FALLBACK_CONTEXT = 512
+
+
+def byte_level_tokenizer(vocab_size: int = FALLBACK_VOCAB) -> HuginnTokenizer:
+    """Byte-level BPE with no merges: one token per byte, fillers, then the specials at V − 32."""
+    offset = special_token_offset(vocab_size)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    if offset < len(alphabet):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab |= {f"<|unused_{i}|>": i for i in range(len(vocab), offset)}
+    specials = [*SPECIAL_TOKENS]
+    specials += [f"<|reserved_special_token_{i}|>" for i in range(32 - len(specials))]
+    vocab |= {tok: offset + i for i, tok in enumerate(specials)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return HuginnTokenizer(backend)
+
+
+def fallback_model(seed: int = 0) -> RecurrentLM:
+    """The tiny preset (context 512) with seeded random weights and the byte-level tokenizer."""
+    config = preset("tiny", vocab_size=FALLBACK_VOCAB, block_size=FALLBACK_CONTEXT)
+    config.name = FALLBACK_NAME
+    model = RecurrentLM(config, init_weights=False)
+    model.reset_parameters(torch.Generator().manual_seed(seed))
+    model.tokenizer = byte_level_tokenizer(config.vocab_size)
+    return model.eval()
+
+
+def is_fallback(model: RecurrentLM) -> bool:
+    """True for the randomly initialised stand-in built by ``fallback_model``."""
+    return model.name == FALLBACK_NAME
+
+
+def default_model(
+    device: str | torch.device | None = None, dtype: str | torch.dtype | None = None
+) -> RecurrentLM:
+    """``checkpoints/default`` when it holds a checkpoint, else the labelled random stand-in."""
+    if (DEFAULT_CHECKPOINT / "config.json").is_file():
+        return load_model(DEFAULT_CHECKPOINT, device=device, dtype=dtype)
+    model = fallback_model()
+    return model.to(device=device or "cpu", dtype=_dtype(dtype))
+
+
+def _dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype or torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
