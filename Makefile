@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_REQUIREMENT ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint format app bench clean-venv
+.PHONY: setup test lint format app bench clean-venv browser
 
 setup: $(STAMP)
 
@@ -23,8 +23,12 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: setup lint
+test: setup lint browser
 	$(PY) -m pytest
+
+# Debian's Chromium for the browser end-to-end test (installed only when missing).
+browser:
+	sh .ci/ensure_chromium.sh
 
 app: setup
 	$(VENV)/bin/streamlit run apps/trajectories.py --server.address localhost
