@@ -3,7 +3,9 @@
 from .checkpoint import CheckpointError, atomic_directory, load_model, save_pretrained
 from .config import PRESETS, ConfigError, RecurrentConfig, preset
 from .depth import Depth, sample_depth, split_depth
+from .generation import GenerationOutput
 from .hooks import ActivationCache, Hook, HookError, HookPoint
+from .kv_cache import KVCache
 from .model import ContextLengthError, ModelOutput, RecurrentLM
 from .tokenizer import HuginnTokenizer, TokenizerError
 
@@ -14,10 +16,12 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "Depth",
+    "GenerationOutput",
     "Hook",
     "HookError",
     "HookPoint",
     "HuginnTokenizer",
+    "KVCache",
     "ModelOutput",
     "RecurrentConfig",
     "RecurrentLM",

@@ -1,0 +1,124 @@
+"""Command line: stream a completion from a checkpoint and report the iterations spent per token.
+
+python -m recurrent_model.generate --checkpoint DIR --prompt "..." [--chat] [--num-steps 32]
+    [--exit kl --threshold 5e-4] [--draft-steps 4 --lookahead 8] [--cache-budget 16]
+    [--continuous] [--sample --temperature 0.8 --top-p 0.9] [--max-new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+import torch
+
+from .checkpoint import CheckpointError, load_model
+from .config import ConfigError
+from .sampling import EXIT_CRITERIA
+from .tokenizer import TokenizerError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m recurrent_model.generate",
+        description="Generate text with a recurrent-depth model and show the compute per token.",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (Huginn layout)")
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-steps", type=int, default=None, help="core iterations (default: r̄)")
+    p.add_argument("--exit", choices=EXIT_CRITERIA, default=None, help="adaptive-exit criterion")
+    p.add_argument("--threshold", type=float, default=None, help="adaptive-exit threshold")
+    p.add_argument("--min-steps", type=int, default=None)
+    p.add_argument("--draft-steps", type=int, default=None, help="self-speculative draft depth")
+    p.add_argument("--lookahead", type=int, default=None, help="tokens drafted per verify pass")
+    p.add_argument("--cache-budget", type=int, default=None, help="core KV slots per token")
+    p.add_argument("--continuous", action="store_true", help="warm-start each token's state")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-scale", type=float, default=1.0)
+    p.add_argument("--device", default=None, help="e.g. cpu, cuda")
+    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    return p
+
+
+class _TextStreamer:
+    """Prints the decoded text as tokens arrive (row 0), collecting the iterations per token."""
+
+    def __init__(self, tokenizer, out: TextIO) -> None:
+        self.tokenizer, self.out = tokenizer, out
+        self.ids: list[int] = []
+        self.steps: list[int] = []
+        self.printed = ""
+
+    def __call__(self, tokens: torch.Tensor, steps: torch.Tensor) -> None:
+        if int(steps[0]) == 0:  # the row already stopped
+            return
+        self.ids.append(int(tokens[0]))
+        self.steps.append(int(steps[0]))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.startswith(self.printed) and not text.endswith("\ufffd"):
+            self.out.write(text[len(self.printed) :])
+            self.out.flush()
+            self.printed = text
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    """Run the command line; returns the exit status (2 with a message on stderr for bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
+        tok = model.tokenizer
+        if tok is None:
+            raise CheckpointError(f"{args.checkpoint} has no tokenizer.json to encode the prompt")
+        if args.chat:
+            ids = tok.encode_chat([{"role": "user", "content": args.prompt}])
+        else:
+            ids = tok.encode(args.prompt)
+        context = model.config.block_size
+        max_new = min(args.max_new_tokens, max(context - len(ids), 0))
+        streamer = _TextStreamer(tok, out)
+        details = model.generate(
+            torch.tensor([ids]),
+            max_new,
+            num_steps=args.num_steps,
+            exit_criterion=args.exit,
+            exit_threshold=args.threshold,
+            min_steps=args.min_steps,
+            draft_steps=args.draft_steps,
+            lookahead=args.lookahead,
+            cache_budget=args.cache_budget,
+            continuous_compute=args.continuous,
+            do_sample=args.sample,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            init_scale=args.init_scale,
+            generator=torch.Generator(device=model.device).manual_seed(args.seed),
+            streamer=streamer,
+            return_details=True,
+        )
+    except (CheckpointError, ConfigError, TokenizerError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out.write("\n\n")
+    out.write(f"iterations per token: {' '.join(map(str, streamer.steps))}\n")
+    out.write(
+        f"{len(streamer.steps)} tokens, mean {details.mean_steps:.2f} iterations per token, "
+        f"KV cache {details.cache_bytes / 2**20:.1f} MiB\n"
+    )
+    if details.acceptance_rate is not None:
+        out.write(f"speculative acceptance rate: {details.acceptance_rate:.2f}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
