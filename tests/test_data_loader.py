@@ -172,6 +172,18 @@ def test_tokenizer_with_another_vocab_size_is_rejected(prepared, tmp_path):
         prepare_data(config, tmp_path, progress=False)
 
 
+def test_invalid_utf8_is_counted_in_prepared_stats(tmp_path, caplog):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):
+        (corpus / f"{i}.txt").write_text(f"file {i}: " + " ".join(WORDS[: i % 12 + 1]))
+    (corpus / "bad.txt").write_bytes(b"bad \xff\xfe bytes " * 5)
+    prepared = prepare_data(_config(corpus, val_fraction=0.0), tmp_path / "o", progress=False)
+    assert prepared.stats["invalid_utf8_files"] == 1
+    assert prepared.stats["invalid_utf8_bytes_replaced"] == 10
+    assert "invalid UTF-8 in 1 file(s): 10 byte(s) replaced" in caplog.text
+
+
 def test_corpus_too_small_for_a_row(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
     with pytest.raises(DataError, match="no training row"):

@@ -62,6 +62,16 @@ def test_jsonl_reader(tmp_path):
     assert stats.invalid_utf8_files == 1 and stats.invalid_utf8_bytes_replaced == 1
 
 
+def test_jsonl_lone_surrogates_are_replaced(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"text": "a\\ud800b"}\n{"text": "fine"}\n')
+    docs, stats = _read(path)
+    assert [d.text for d in docs] == ["a\ufffdb", "fine"]
+    assert stats.invalid_utf8_bytes_replaced == 1
+    docs, stats = _read(path, policy="skip")
+    assert [d.text for d in docs] == ["fine"] and stats.invalid_utf8_skipped == 1
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -103,6 +113,21 @@ def test_parquet_without_text_column_is_an_error(tmp_path):
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "c.parquet")
     with pytest.raises(DataError, match=r"c\.parquet has no 'text' column"):
         _read(tmp_path / "c.parquet")
+
+
+def test_parquet_string_column_with_invalid_utf8_is_counted(tmp_path):
+    raw = pa.array([b"ok", b"bad\xff"], pa.binary())
+    unvalidated = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())
+    pq.write_table(pa.table({"text": unvalidated}), tmp_path / "u.parquet")
+    docs, stats = _read(tmp_path / "u.parquet")
+    assert [d.text for d in docs] == ["ok", "bad\ufffd"]
+    assert stats.invalid_utf8_files == 1 and stats.invalid_utf8_bytes_replaced == 1
+
+
+def test_parquet_text_column_of_another_type_is_an_error(tmp_path):
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "n.parquet")
+    with pytest.raises(DataError, match=r"n\.parquet: the 'text' column has type int64"):
+        _read(tmp_path / "n.parquet")
 
 
 def test_corrupt_parquet_names_the_file(tmp_path):

@@ -21,6 +21,7 @@ from .config import DataError
 
 BINARY_PROBE_BYTES = 8192
 _SURROGATE_ESCAPES = re.compile("[\udc80-\udcff]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,13 @@ def decode_utf8(data: bytes) -> tuple[str, int]:
     return text, bad
 
 
+def replace_surrogates(text: str) -> tuple[str, int]:
+    """Replace lone surrogates (valid in JSON escapes, not encodable as UTF-8) by U+FFFD."""
+    if text.isascii():
+        return text, 0
+    return _SURROGATES.subn("\ufffd", text)
+
+
 class _Decoder:
     """Applies the invalid-UTF-8 policy and counts what it did, per file."""
 
@@ -77,7 +85,10 @@ class _Decoder:
         self.stats = stats
 
     def __call__(self, data: bytes, file_flagged: list[bool]) -> str | None:
-        text, bad = decode_utf8(data)
+        return self.check(*decode_utf8(data), file_flagged)
+
+    def check(self, text: str, bad: int, file_flagged: list[bool]) -> str | None:
+        """Apply the policy to ``text`` that had ``bad`` invalid bytes or code points."""
         if not bad:
             return text
         if not file_flagged[0]:
@@ -156,11 +167,17 @@ def read_jsonl(path: Path, source: str, policy: str, stats: ReadStats) -> Iterat
             raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
-        yield Document(record["text"], source, "jsonl")
+        text = decode.check(*replace_surrogates(record["text"]), flagged)
+        if text is not None:
+            yield Document(text, source, "jsonl")
 
 
 def read_parquet(path: Path, source: str, policy: str, stats: ReadStats) -> Iterator[Document]:
-    """The ``text`` column (string or binary) of a parquet file, batch by batch."""
+    """The ``text`` column (string or binary) of a parquet file, batch by batch.
+
+    Values are read as bytes and decoded here, so invalid UTF-8 in a string column is counted and
+    replaced like anywhere else instead of failing halfway through.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -171,19 +188,19 @@ def read_parquet(path: Path, source: str, policy: str, stats: ReadStats) -> Iter
     if "text" not in parquet.schema_arrow.names:
         raise DataError(f"{path} has no 'text' column (columns: {parquet.schema_arrow.names})")
     column_type = parquet.schema_arrow.field("text").type
-    is_binary = pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)
+    if pa.types.is_large_string(column_type) or pa.types.is_large_binary(column_type):
+        as_bytes = pa.large_binary()
+    elif pa.types.is_string(column_type) or pa.types.is_binary(column_type):
+        as_bytes = pa.binary()
+    else:
+        raise DataError(f"{path}: the 'text' column has type {column_type}, not string or binary")
     decode = _Decoder(policy, stats)
     flagged = [False]
     try:
         for batch in parquet.iter_batches(columns=["text"], batch_size=1024):
-            for value in batch.column(0).to_pylist():
-                if value is None:
-                    continue
-                if is_binary:
-                    value = decode(value, flagged)
-                    if value is None:
-                        continue
-                yield Document(value, source, "parquet")
+            for value in batch.column(0).cast(as_bytes).to_pylist():
+                if value is not None and (text := decode(value, flagged)) is not None:
+                    yield Document(text, source, "parquet")
     except pa.ArrowException as exc:
         raise DataError(f"cannot read parquet file {path}: {exc}") from exc
 
