@@ -5,7 +5,7 @@ import re
 import pytest
 
 from pretrain.data import DataConfig, prepare_data
-from pretrain.data.arithmetic import make_problems, parse_answer, render
+from pretrain.data.arithmetic import is_held_out, make_problems, parse_answer, render
 from pretrain.data.config import DataError
 from pretrain.data.starter_corpus import split_source, starter_documents
 from recurrent_model.tokenizer import BEGIN_HEADER, END_HEADER, END_TURN
@@ -28,9 +28,24 @@ def test_arithmetic_answers_are_correct_and_graded(difficulty):
     assert kinds == {"*", "+False", "+True"}  # products, sums of two, multi-operand sums
 
 
+def test_held_out_problems_never_appear_in_the_starter_drills():
+    drills = set()
+    for doc in starter_documents("tiny", seed=0):
+        if doc.kind == "arithmetic":
+            drills.update(line.rsplit(" = ", 1)[0] + " =" for line in doc.text.splitlines())
+    assert len(drills) > 500
+    assert not any(is_held_out(p) for p in drills)
+    held_out = make_problems(400, 1, seed=0) + make_problems(400, 2, seed=0)
+    assert all(is_held_out(p) for p, _ in held_out)
+    assert not {p for p, _ in held_out} & drills
+    assert not any(is_held_out(p) for p, _ in make_problems(50, 2, seed=0, split="train"))
+
+
 def test_arithmetic_rejects_bad_arguments():
     with pytest.raises(ValueError, match="difficulty"):
         make_problems(3, 0, seed=0)
+    with pytest.raises(ValueError, match="split must be"):
+        make_problems(3, 2, seed=0, split="test")
     with pytest.raises(ValueError, match="unknown arithmetic kind"):
         make_problems(3, 2, seed=0, kinds=("div",))
     assert render("2 + 2 =", "4") == "2 + 2 = 4"

@@ -4,15 +4,22 @@
 "1259")``; the starter corpus trains on ``render(prompt, answer)`` == ``"347 + 912 = 1259"``, so an
 evaluation prompts with ``prompt`` and reads the integer the model writes after it. ``difficulty`` is
 the number of digits of each operand (1 = single digits).
+
+Problems are split by a hash of their prompt: one in ``HELD_OUT_BUCKETS`` is held out. The starter corpus
+draws only ``split="train"`` problems, so the default ``split="heldout"`` gives an evaluation that never
+appeared verbatim in the arithmetic drills (it may still occur inside a word problem's worked answer).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 
 KINDS = ("add", "mul", "sum")
 MAX_DIFFICULTY = 12
+SPLITS = ("heldout", "train", "any")
+HELD_OUT_BUCKETS = 8
 
 
 def _operand(rng: random.Random, digits: int) -> int:
@@ -34,18 +41,33 @@ def make_problem(rng: random.Random, difficulty: int, kind: str) -> tuple[str, s
     raise ValueError(f"unknown arithmetic kind {kind!r}; choose from {', '.join(KINDS)}")
 
 
+def is_held_out(prompt: str) -> bool:
+    """Whether a problem belongs to the held-out split (a fixed 1/HELD_OUT_BUCKETS by prompt hash)."""
+    return hashlib.sha256(prompt.encode()).digest()[0] % HELD_OUT_BUCKETS == 0
+
+
 def make_problems(
-    n: int, difficulty: int, seed: int, kinds: Sequence[str] = KINDS
+    n: int, difficulty: int, seed: int, kinds: Sequence[str] = KINDS, split: str = "heldout"
 ) -> list[tuple[str, str]]:
-    """``n`` deterministic (prompt, answer) pairs, kinds drawn uniformly from ``kinds``."""
+    """``n`` deterministic (prompt, answer) pairs of ``split``, kinds drawn uniformly from ``kinds``.
+
+    Sampling is with replacement, so the few held-out one-digit problems can repeat.
+    """
     if not 1 <= difficulty <= MAX_DIFFICULTY:
         raise ValueError(f"difficulty must be in 1..{MAX_DIFFICULTY}, got {difficulty}")
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
     if not kinds:
         raise ValueError("kinds is empty")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     rng = random.Random(f"arithmetic:{seed}:{difficulty}")
-    return [make_problem(rng, difficulty, rng.choice(list(kinds))) for _ in range(n)]
+    problems: list[tuple[str, str]] = []
+    while len(problems) < n:
+        prompt, answer = make_problem(rng, difficulty, rng.choice(list(kinds)))
+        if split == "any" or is_held_out(prompt) == (split == "heldout"):
+            problems.append((prompt, answer))
+    return problems
 
 
 def render(prompt: str, answer: str) -> str:

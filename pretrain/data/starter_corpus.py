@@ -124,7 +124,9 @@ def render_chat(question: str, answer: str) -> str:
 
 def _arithmetic_doc(rng: random.Random) -> Document:
     difficulty = min(rng.randint(1, 6), rng.randint(1, 6))  # more easy than hard problems
-    problems = arithmetic.make_problems(rng.randint(4, 12), difficulty, rng.getrandbits(48))
+    problems = arithmetic.make_problems(
+        rng.randint(4, 12), difficulty, rng.getrandbits(48), split="train"
+    )
     if rng.random() < CHAT_PROBABILITY:
         prompt, answer = problems[0]
         text = render_chat(
