@@ -1,0 +1,220 @@
+"""AppTest checks of apps/trajectories.py: every view renders, bad input is a message, caching holds.
+
+The app opens on checkpoints/default when it exists, else on the labelled random stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+import workbench
+from apps.fallback_model import DEFAULT_CHECKPOINT, FALLBACK_CONTEXT
+
+APP = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+TIMEOUT = 240
+
+
+def context_size() -> int:
+    config = DEFAULT_CHECKPOINT / "config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        return int(data.get("block_size", data.get("max_position_embeddings", 4096)))
+    return FALLBACK_CONTEXT
+
+
+def open_app(steps: int = 12, seeds: str = "0, 1, 2") -> AppTest:
+    """The app after its first run, then with small settings (fast on CPU)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    at.number_input(key="steps").set_value(steps)
+    at.text_input(key="seeds").set_value(seeds)
+    return at.run()
+
+
+def show(at: AppTest, view: str) -> AppTest:
+    at.session_state["view"] = view
+    return at.run()
+
+
+def chart_keys(at: AppTest) -> set[str]:
+    return {c.key for c in at.get("plotly_chart")}
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.fixture(scope="module")
+def app() -> AppTest:
+    return open_app()
+
+
+def test_opens_with_a_model_banner_charts_and_downloads(app):
+    assert_clean(app)
+    assert app.title[0].value == "Recurrent-depth trajectories"
+    if DEFAULT_CHECKPOINT.joinpath("config.json").is_file():
+        assert any("from" in c.value and "parameters" in c.value for c in app.caption)
+    else:
+        assert "Randomly initialised model (untrained)" in app.warning[0].value
+    assert any("12 steps" in c.value and "seeds 0, 1, 2" in c.value for c in app.caption)
+    assert {"pc_pairs", "waterfall"} <= chart_keys(app)
+    labels = {b.proto.label for b in app.get("download_button")}
+    assert {"Download trajectory (.safetensors)", "Download pca_coordinates.csv"} <= labels
+
+
+@pytest.mark.parametrize(
+    ("view", "charts", "downloads"),
+    [
+        ("Convergence", {"conv_heatmap", "step_curves", "token_corr"}, 4),
+        ("Path independence", {"spread", "seed_overlay"}, 2),
+        ("Dynamics", {"rotation", "dyn_pc_pairs"}, 1),
+        ("Lenses", {"lens_heatmap", "lens_table"}, 1),
+    ],
+)
+def test_every_analysis_view_renders(app, view, charts, downloads):
+    show(app, view)
+    assert_clean(app)
+    assert charts <= chart_keys(app)
+    assert len(app.get("download_button")) == downloads
+    if view == "Dynamics":
+        assert [m.label for m in app.metric] == ["fixed point", "orbit", "slider", "other"]
+        table = app.dataframe[0].value
+        assert sum(int(m.value) for m in app.metric) == len(table)
+        assert set(table["kind"]) <= {"fixed_point", "orbit", "slider", "other"}
+
+
+def test_dynamics_token_choice_redraws_its_rotation_panel(app):
+    show(app, "Dynamics")
+    app.selectbox(key="dyn_token").set_value(3).run()
+    assert_clean(app)
+    assert app.caption[-1].value.startswith("3: ")
+    rotation = next(c for c in app.get("plotly_chart") if c.key == "rotation")
+    assert "3: " in json.loads(rotation.proto.spec)["layout"]["title"]["text"]
+
+
+def test_lens_switches_between_coda_and_logit(app):
+    show(app, "Lenses")
+    app.radio(key="lens_kind").set_value("logit").run()
+    assert_clean(app)
+    assert app.get("download_button")[0].proto.label == "Download lens_logit.csv"
+
+
+def test_generation_reports_iterations_per_token(app):
+    show(app, "Generation")
+    assert app.info and "Press Generate" in app.info[0].value
+    app.number_input(key="gen_new").set_value(6)
+    app.selectbox(key="gen_exit").set_value("kl")
+    app.button[0].click().run()
+    assert_clean(app)
+    table = app.dataframe[0].value
+    assert 1 <= len(table) <= 6
+    assert ((table["steps"] >= 1) & (table["steps"] <= 12)).all()
+    assert "gen_steps" in chart_keys(app)
+    assert app.metric[0].label == "Mean steps per token"
+
+
+def test_umap_only_on_request(app, monkeypatch):
+    class FakeUMAP:
+        def __init__(self, n_components: int = 2, **kwargs) -> None:
+            self.n_components = n_components
+
+        def fit_transform(self, x: np.ndarray) -> np.ndarray:
+            return x[:, : self.n_components]
+
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=FakeUMAP))
+    show(app, "Trajectories")
+    assert "umap_waterfall" not in chart_keys(app)
+    app.toggle(key="umap").set_value(True).run()
+    assert_clean(app)
+    assert "umap_waterfall" in chart_keys(app)
+    app.toggle(key="umap").set_value(False).run()
+
+
+def test_chat_input_runs_on_the_chat_template(app):
+    show(app, "Trajectories")
+    app.radio(key="mode").set_value("Chat").run()
+    app.text_area(key="system").set_value("You are a helpful assistant.").run()
+    assert_clean(app)
+    assert any("<|begin_header|>" in label for label in app.multiselect(key="traj_tokens").options)
+    app.radio(key="mode").set_value("Prompt").run()
+
+
+@pytest.mark.parametrize(
+    ("widget", "key", "value", "message"),
+    [
+        ("text_area", "prompt", "   ", "The prompt is empty"),
+        ("text_area", "prompt", "a " * (context_size() + 1), "context holds"),
+        ("number_input", "steps", 0, "Steps must be a whole number from 1 to"),
+        ("number_input", "steps", 10_000, "Steps must be a whole number from 1 to"),
+        ("text_input", "seeds", "0, one", "Seeds must be whole numbers"),
+        ("text_input", "seeds", ", ".join(map(str, range(20))), "at most"),
+        ("text_input", "seeds", "", "at least one seed"),
+        ("number_input", "init_scale", -1.0, "Init scale must lie between"),
+        ("text_input", "checkpoint", "/nonexistent/checkpoint", "does not exist"),
+    ],
+)
+def test_bad_input_is_a_message(widget, key, value, message):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    getattr(at, widget)(key=key).set_value(value).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any(message in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.get("plotly_chart")
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_a_message(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    for directory, message in [(tmp_path, "no config.json"), (tmp_path / "bad", "not valid JSON")]:
+        at.text_input(key="checkpoint").set_value(str(directory)).run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert at.error and message in at.error[0].value
+
+
+def test_out_of_memory_is_a_message(monkeypatch):
+    def too_large(*args, **kwargs):
+        raise workbench.TrajectoryTooLarge("this collection needs about 900.00 GiB")
+
+    monkeypatch.setattr(workbench, "collect", too_large)
+    st.cache_data.clear()
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert "Out of memory" in at.error[0].value and "900.00 GiB" in at.error[0].value
+
+
+def test_changing_only_the_view_recomputes_nothing(monkeypatch):
+    calls = {"collect": 0, "classify": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(workbench, "collect", counting("collect", workbench.collect))
+    monkeypatch.setattr(
+        workbench, "classify_dynamics", counting("classify", workbench.classify_dynamics)
+    )
+    st.cache_data.clear()
+    at = open_app(steps=10, seeds="0, 1")
+    assert calls == {"collect": 2, "classify": 0}  # defaults, then 10 steps
+    show(at, "Dynamics")
+    at.selectbox(key="dyn_token").set_value(1).run()
+    show(at, "Convergence")
+    at.selectbox(key="conv_value").set_value("relative_step").run()
+    show(at, "Dynamics")
+    assert_clean(at)
+    assert calls == {"collect": 2, "classify": 1}
+    at.number_input(key="steps").set_value(11).run()
+    assert calls == {"collect": 3, "classify": 2}
