@@ -54,7 +54,7 @@ class ClippedAtanAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = p.grad.float()
+                g = p.grad.to(torch.promote_types(p.grad.dtype, torch.float32))
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)

@@ -177,12 +177,12 @@ class CheckpointManager:
         model: RecurrentLM,
         state: dict[str, Any],
         tensors: dict[str, torch.Tensor],
-        write_model: Callable[[RecurrentLM, Path], None] = write_checkpoint_files,
+        write_model: Callable[[RecurrentLM, Path], None] | None = None,
     ) -> Path:
         """Write one complete checkpoint, then point ``latest`` at it, then prune old ones."""
         target = self.path(step)
         with atomic_directory(target) as tmp:
-            write_model(model, tmp)
+            (write_model or write_checkpoint_files)(model, tmp)
             save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": "pt"})
             payload = {"format_version": FORMAT_VERSION, **state}
             (tmp / STATE_JSON).write_text(json.dumps(payload) + "\n", encoding="utf-8")

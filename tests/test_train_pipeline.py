@@ -1,0 +1,263 @@
+"""End-to-end training on a tiny corpus: checkpoints, exact resume after kill -9, a kill during a
+checkpoint write, loading the result with recurrent_model, metrics. CPU, a few seconds per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import recurrent_model
+from pretrain.launch import main as launch_main
+from pretrain.trainer_state import CheckpointManager
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = (
+    "the model iterates its core block on a latent state while every token reads the "
+    "prelude output and the coda decodes numbers 12 345 and 6789 plus def return if else "
+    "sum product answer question step first then finally"
+).split()
+
+
+def write_corpus(directory: Path, docs: int = 160) -> None:
+    rng = random.Random(0)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(docs):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 90)))
+        (directory / f"doc{i:03d}.txt").write_text(text + "\n", encoding="utf-8")
+
+
+def write_config(path: Path, corpus: Path, cache: Path, **train: object) -> Path:
+    settings = dict(
+        max_steps=8,
+        micro_batch_size=2,
+        lr=3.0e-3,
+        warmup_steps=2,
+        cooldown_steps=2,
+        checkpoint_every=4,
+        keep_last=2,
+        log_every=1,
+        health_every=4,
+        val_every=4,
+        val_batches=2,
+        progress=False,
+        threads=1,
+        device="cpu",
+        precision="fp32",
+    )
+    settings.update(train)
+    config = {
+        "model": {
+            "preset": "tiny",
+            "overrides": {
+                "n_embd": 32,
+                "n_heads": 2,
+                "intermediate_size": 64,
+                "mean_recurrence": 4,
+                "mean_backprop_depth": 2,
+            },
+        },
+        "data": {
+            "sources": [str(corpus)],
+            "vocab_size": 320,
+            "block_size": 32,
+            "val_fraction": 0.1,
+            "cache_dir": str(cache),
+        },
+        "train": settings,
+    }
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    write_corpus(root / "corpus")
+    config = write_config(root / "tiny.yaml", root / "corpus", root / "data")
+    straight = root / "straight"
+    assert launch_main(["--config", str(config), "--out", str(straight)]) == 0
+    return root, config, straight
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def driver(tmp: Path, body: str) -> Path:
+    path = tmp / f"driver_{abs(hash(body)) % 10**8}.py"
+    path.write_text(
+        "import sys, time\n" + body + "\nfrom pretrain.launch import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    return path
+
+
+def start(script: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the run")
+        time.sleep(0.05)
+
+
+def test_run_writes_huginn_checkpoints_metrics_and_validation(setup):
+    _, _, run = setup
+    manager = CheckpointManager(run / "checkpoints")
+    assert manager.steps() == [4, 8]  # keep_last = 2
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000008"
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert all(r["loss"] > 0 and "depth_grad" in r and "tokens_per_s" in r for r in rows)
+    last = rows[-1]
+    for d in (1, 4, 8):  # 1, 4, 8, r̄ = 4, 2r̄ = 8
+        assert f"val_loss_{d}" in last
+    assert 0 < last["health/step_rel"] and -1 <= last["health/token_corr_latent"] <= 1
+    assert rows[-1]["loss"] < rows[0]["loss"]
+
+
+def test_checkpoint_loads_with_recurrent_model_and_generates(setup):
+    _, _, run = setup
+    model = recurrent_model.load_model(run / "checkpoints" / "step-0000008")
+    assert model.tokenizer is not None and model.config.n_embd == 32
+    ids = torch.tensor([model.tokenizer.encode("the model")])
+    out = model.generate(ids, max_new_tokens=4, num_steps=4)
+    assert out.shape == (1, ids.shape[1] + 4)
+    state = json.loads((run / "checkpoints" / "step-0000008" / "trainer_state.json").read_text())
+    assert state["step"] == 8 and state["ranks"][0]["loader"]["split"] == "train"
+
+
+def test_exact_resume_after_kill_9(setup, tmp_path):
+    root, config, straight = setup
+    run = tmp_path / "killed"
+    # Steps after 5 stall, so the kill lands after checkpoint 4 and after step 5 was logged.
+    script = driver(
+        tmp_path,
+        "import pretrain.trainer as tr\n"
+        "orig = tr.Trainer.train_step\n"
+        "def slow(self):\n"
+        "    if self.step >= 5:\n        time.sleep(120)\n"
+        "    return orig(self)\n"
+        "tr.Trainer.train_step = slow\n",
+    )
+    proc = start(script, "--config", str(config), "--out", str(run))
+    wait_for(
+        lambda: (
+            (run / "metrics.jsonl").is_file()
+            and len((run / "metrics.jsonl").read_text().splitlines()) >= 5
+        ),
+        proc,
+    )
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000004"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert launch_main(["--config", str(config), "--out", str(run), "--resume"]) == 0
+    a, b = metrics(straight), metrics(run)
+    assert [r["step"] for r in b] == list(range(1, 9))  # the stale step-5 line was rewound
+    for ra, rb in zip(a, b):
+        assert (ra["loss"], ra["depth_grad"], ra["depth_no_grad"]) == (
+            rb["loss"],
+            rb["depth_grad"],
+            rb["depth_no_grad"],
+        )
+        assert ra.get("val_loss_8") == rb.get("val_loss_8")
+    final_a = straight / "checkpoints" / "step-0000008"
+    final_b = run / "checkpoints" / "step-0000008"
+    for name in ("model.safetensors", "trainer_state.safetensors"):
+        ta, tb = load_file(final_a / name), load_file(final_b / name)
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            assert torch.equal(ta[key], tb[key]), key
+
+
+def test_kill_during_checkpoint_write_keeps_previous(setup, tmp_path):
+    _, config, _ = setup
+    run = tmp_path / "interrupted"
+    marker = tmp_path / "writing"
+    script = driver(
+        tmp_path,
+        "import pretrain.trainer_state as ts\n"
+        "orig = ts.write_checkpoint_files\n"
+        "def slow(model, directory):\n"
+        "    orig(model, directory)\n"
+        "    if 'step-0000008' in str(directory):\n"
+        f"        open({str(marker)!r}, 'w').close()\n"
+        "        time.sleep(120)\n"
+        "ts.write_checkpoint_files = slow\n",
+    )
+    proc = start(script, "--config", str(config), "--out", str(run))
+    wait_for(marker.exists, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-0000004"
+    assert not (ckpts / "step-0000008").exists()
+    assert any(p.name.startswith(".step-0000008.tmp-") for p in ckpts.iterdir())
+    model = recurrent_model.load_model(ckpts / "step-0000004")
+    assert model.config.n_embd == 32
+    assert launch_main(["--config", str(config), "--out", str(run), "--resume"]) == 0
+    assert (ckpts / "latest").read_text().strip() == "step-0000008"
+    assert not any(p.name.startswith(".step-") for p in ckpts.iterdir())  # leftovers pruned
+
+
+def test_nonfinite_loss_is_skipped_counted_and_reported(setup, tmp_path, capsys):
+    _, config, _ = setup
+    import pretrain.trainer as tr
+
+    orig = tr.Trainer.train_step
+
+    def poisoned(self):
+        if self.step == 2:
+            with torch.no_grad():
+                self.model.transformer.ln_f.weight.fill_(float("nan"))
+        return orig(self)
+
+    tr.Trainer.train_step = poisoned
+    try:
+        with pytest.raises(tr.TrainingError, match="non-finite"):
+            launch_main(
+                [
+                    "--config",
+                    str(config),
+                    "--out",
+                    str(tmp_path / "nan"),
+                    "--set",
+                    "train.max_steps=40",
+                    "--set",
+                    "train.val_every=100",
+                    "--set",
+                    "train.health_every=100",
+                    "--set",
+                    "train.checkpoint_every=100",
+                ]
+            )
+    finally:
+        tr.Trainer.train_step = orig
+    rows = metrics(tmp_path / "nan")
+    assert rows[2]["skipped"] is True and rows[2]["loss"] == "nan"
+    assert rows[-1]["skipped_steps"] == len(rows) - 2
+    assert "non-finite gradient norm" in capsys.readouterr().out
