@@ -31,7 +31,7 @@ class StarterSize:
 
 SIZES = {
     "tiny": StarterSize(stdlib_bytes=120_000, reasoning_docs=600),
-    "small": StarterSize(stdlib_bytes=3_000_000, reasoning_docs=30_000),
+    "small": StarterSize(stdlib_bytes=1_500_000, reasoning_docs=16_000),
     "full": StarterSize(stdlib_bytes=None, reasoning_docs=300_000),
 }
 MAX_FILE_BYTES = 150_000
