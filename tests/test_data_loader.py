@@ -8,6 +8,7 @@ import torch
 
 import pretrain.data.prepare as prepare_module
 from pretrain.data import DataConfig, DataError, PackedLoader, load_prepared, prepare_data
+from pretrain.data.readers import Document
 from recurrent_model.tokenizer import HuginnTokenizer
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -195,3 +196,28 @@ def test_corpus_too_small_for_a_row(tmp_path):
 def test_load_prepared_without_manifest(tmp_path):
     with pytest.raises(DataError, match="run prepare_data"):
         load_prepared(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"vocab_size": 200}, "vocab_size 200 is too small"),
+        ({"block_size": 0}, "block_size must be positive"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"starter_size": "huge"}, "starter_size"),
+        ({"invalid_utf8": "ignore"}, "invalid_utf8"),
+        ({"keep_all_sources": ["elsewhere"]}, "not in sources"),
+        ({"sources": []}, "sources is empty"),
+    ],
+)
+def test_config_errors(tmp_path, overrides, message):
+    with pytest.raises(DataError, match=message):
+        prepare_data(_config(tmp_path, **overrides), tmp_path / "o", progress=False)
+
+
+def test_keep_all_by_kind():
+    config = DataConfig(keep_all_sources=["starter:stdlib"])
+    config.validate()
+    corpus = prepare_module.Corpus(config)
+    assert corpus.is_keep_all(Document("x = 1", "starter", "stdlib"))
+    assert not corpus.is_keep_all(Document("1 + 1 = 2", "starter", "arithmetic"))

@@ -18,7 +18,13 @@ class DataError(ValueError):
 
 @dataclass
 class DataConfig:
-    """What to read, how to tokenize it and how to pack it into rows of ``block_size + 1`` tokens."""
+    """What to read, how to tokenize it and how to pack it into rows of ``block_size + 1`` tokens.
+
+    ``sources``: "starter" (the embedded corpus) or paths (directories of text/code files, ``.jsonl`` or
+    ``.parquet`` with a ``text`` column). ``keep_all_sources`` names sources (or ``"source:kind"``, e.g.
+    ``"starter:stdlib"``) whose documents continue into the next rows instead of losing their tail.
+    ``invalid_utf8``: "replace" (U+FFFD per bad byte) or "skip" (drop the document); both are counted.
+    """
 
     sources: list[str] = field(default_factory=lambda: [STARTER])
     keep_all_sources: list[str] = field(default_factory=list)
@@ -53,10 +59,13 @@ class DataConfig:
                 f"invalid_utf8 must be one of {', '.join(INVALID_UTF8_POLICIES)}, "
                 f"got {self.invalid_utf8!r}"
             )
-        unknown = set(self.keep_all_sources) - set(self.sources)
-        unknown = {s for s in unknown if s.split(":", 1)[0] not in self.sources}
+        unknown = [
+            s
+            for s in self.keep_all_sources
+            if s not in self.sources and s.rsplit(":", 1)[0] not in self.sources
+        ]
         if unknown:
-            raise DataError(f"keep_all_sources names unknown source(s): {sorted(unknown)}")
+            raise DataError(f"keep_all_sources names source(s) not in sources: {unknown}")
 
 
 @dataclass
