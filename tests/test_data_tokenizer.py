@@ -36,11 +36,12 @@ def test_special_tokens_occupy_the_last_32_ids_in_order(tokenizer):
     assert tokenizer.stop_ids == (480, 481, 484)
 
 
-def test_published_layout_for_65536():
-    # The same offsets as the published vocabulary: 65504 BOS ... 65509 pad.
-    from recurrent_model.tokenizer import special_token_offset
-
-    assert special_token_offset(65536) == 65504
+def test_published_layout_for_65536(tmp_path):
+    # The full recipe's vocabulary: 65504 BOS, 65505 EOS, ... 65509 pad, 65510 the first FIM token.
+    tok = train_tokenizer(["hello world 123"] * 3, 65536, tmp_path / "t.json")
+    ids = [tok.backend.token_to_id(t) for t in SPECIAL_TOKENS]
+    assert ids == list(range(65504, 65514))
+    assert tok.stop_ids == (65504, 65505, 65508)
 
 
 @pytest.mark.parametrize(
