@@ -7,9 +7,9 @@ numpy/scipy on one tail; `workbench.dynamics` turns the numbers into a kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 _TINY = 1e-30
 
@@ -149,34 +149,70 @@ def _design(omegas: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.stack([np.ones_like(phase), np.cos(phase), np.sin(phase)], axis=-1)
 
 
+def _centred_basis(omegas: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, ...]:
+    """cos ωt and sin ωt centred over t (m, n), and their Gram entries cc, ss, cs (m,)."""
+    phase = np.outer(omegas, t)
+    c, s = np.cos(phase), np.sin(phase)
+    c -= c.mean(axis=1, keepdims=True)
+    s -= s.mean(axis=1, keepdims=True)
+    return c, s, np.sum(c * c, 1), np.sum(s * s, 1), np.sum(c * s, 1)
+
+
+@lru_cache(maxsize=16)
+def _grid(n: int, oversample: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The frequency grid over (0, π] for windows of n points, and its centred basis (cached)."""
+    step = np.pi / (oversample * n)
+    omegas = np.arange(step, np.pi + step / 2, step)
+    return omegas, _centred_basis(omegas, np.arange(n, dtype=float) - (n - 1) / 2)
+
+
+def _share(basis: tuple[np.ndarray, ...], scores: np.ndarray) -> np.ndarray:
+    """Fraction of ‖y‖² (y = scores minus their mean) explained by c + a cos ωt + b sin ωt.
+
+    Closed form: with cos and sin centred (the mean is fitted too), the explained part is
+    [C·y, S·y] G⁻¹ [C·y, S·y]ᵀ summed over columns, G their 2 × 2 Gram matrix; where sin vanishes
+    (ω = π) only cos is used.
+    """
+    c, s, gcc, gss, gcs = basis
+    y = scores - scores.mean(axis=0)
+    bc, bs = c @ y, s @ y
+    pcc, pss, pcs = np.sum(bc * bc, 1), np.sum(bs * bs, 1), np.sum(bc * bs, 1)
+    det = gcc * gss - gcs**2
+    ok = det > 1e-10 * np.maximum(gcc * gss, _TINY)
+    both = np.divide(gss * pcc - 2 * gcs * pcs + gcc * pss, det, out=np.zeros_like(det), where=ok)
+    cos_only = np.divide(pcc, gcc, out=np.zeros_like(gcc), where=gcc > 0)
+    return np.where(ok, both, cos_only) / max(float(np.sum(y**2)), _TINY)
+
+
 def _explained(omegas: np.ndarray, t: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """Fraction of ‖scores‖² explained by the sinusoid at each ω (floating mean included)."""
-    q, _ = np.linalg.qr(_design(omegas, t))
-    proj = np.einsum("mnj,nk->mjk", q, scores)
-    return np.sum(proj**2, axis=(1, 2)) / max(float(np.sum(scores**2)), _TINY)
+    """Fraction of the scores' variance explained by the sinusoid at each ω (see `_share`)."""
+    return _share(_centred_basis(omegas, t), scores)
 
 
-def _refine(scores: np.ndarray, t: np.ndarray, lo: float, hi: float) -> float:
-    """The ω in [lo, hi] maximising the sinusoid fit of scores (bounded scalar search)."""
-    res = minimize_scalar(
-        lambda w: -_explained(np.array([w]), t, scores)[0],
-        bounds=(max(lo, 1e-6), min(hi, np.pi)),
-        method="bounded",
-        options=dict(xatol=1e-7),
-    )
-    return float(res.x)
+def _refine(scores: np.ndarray, t: np.ndarray, lo: float, hi: float, rounds: int = 2) -> float:
+    """The ω in [lo, hi] maximising the sinusoid fit of scores: zoomed grids + parabolic vertex."""
+    lo, hi = max(lo, 1e-6), min(hi, np.pi)
+    for _ in range(rounds):
+        omegas = np.linspace(lo, hi, 13)
+        share = _explained(omegas, t, scores)
+        i = int(np.clip(np.argmax(share), 1, len(omegas) - 2))
+        y0, y1, y2 = share[i - 1 : i + 2]
+        curv = y0 - 2 * y1 + y2
+        shift = 0.5 * (y0 - y2) / curv if curv < 0 else 0.0
+        spacing = omegas[1] - omegas[0]
+        best = omegas[i] + np.clip(shift, -1, 1) * spacing
+        lo, hi = max(best - spacing, 1e-6), min(best + spacing, np.pi)
+    return float(best)
 
 
 def best_frequency(scores: np.ndarray, oversample: int = 4) -> float:
-    """The ω in (0, π) maximising the sinusoid fit of scores (W + 1, k): grid, then refined."""
+    """The ω in (0, π] maximising the sinusoid fit of scores (W + 1, k): grid, then refined."""
     n = len(scores)
     t = np.arange(n, dtype=float) - (n - 1) / 2
-    step = np.pi / (oversample * n)
-    omegas = np.arange(step, np.pi - step / 2, step)
-    share = _explained(omegas, t, scores)
-    best = int(np.argmax(share))
-    omega = _refine(scores, t, omegas[best] - step, omegas[best] + step)
-    return omega if _explained(np.array([omega]), t, scores)[0] >= share[best] else omegas[best]
+    omegas, basis = _grid(n, oversample)
+    best = int(np.argmax(_share(basis, scores)))
+    step = omegas[1] - omegas[0]
+    return _refine(scores, t, omegas[best] - step, omegas[best] + step)
 
 
 def _sinusoid(scores: np.ndarray, omega: float) -> tuple[np.ndarray, np.ndarray]:
@@ -185,6 +221,33 @@ def _sinusoid(scores: np.ndarray, omega: float) -> tuple[np.ndarray, np.ndarray]
     t = np.arange(n, dtype=float) - (n - 1) / 2
     coef, *_ = np.linalg.lstsq(_design(np.array([omega]), t)[0], scores, rcond=None)
     return coef[0], coef[1:].T
+
+
+def _evaluate(scores: np.ndarray, omega: float) -> np.ndarray:
+    """The least-squares sinusoid c + a cos ωt + b sin ωt fitted to scores, evaluated at each t."""
+    n = len(scores)
+    design = _design(np.array([omega]), np.arange(n, dtype=float) - (n - 1) / 2)[0]
+    coef, *_ = np.linalg.lstsq(design, scores, rcond=None)
+    return design @ coef
+
+
+def dominant_frequency(scores: np.ndarray, rounds: int = 3) -> float:
+    """ω of the strongest sinusoid in scores, backfitted against the second strongest.
+
+    Over a window of one or two revolutions a second rotation (a quasi-periodic orbit) leaks into
+    the fit of the first and biases ω by a few percent: each round subtracts the best sinusoid of
+    the residual and refines ω on the cleaned scores within half a frequency bin.
+    """
+    n = len(scores)
+    t = np.arange(n, dtype=float) - (n - 1) / 2
+    omega, half_bin = best_frequency(scores), np.pi / n
+    for _ in range(rounds):
+        resid = scores - _evaluate(scores, omega)
+        if not np.any(resid):
+            break
+        cleaned = scores - _evaluate(resid, best_frequency(resid))
+        omega = _refine(cleaned, t, omega - half_bin, omega + half_bin)
+    return omega
 
 
 def _angle_stats(coords: np.ndarray, omega: float) -> tuple[float, float]:
@@ -200,14 +263,8 @@ def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: float) -
     n, h = len(scores), components.shape[1]
     if total_var <= 0 or not np.any(scores):
         return RotationFit(np.nan, 0.0, np.nan, 0.0, np.nan, 0.0, np.zeros((2, h)))
-    # ω from all top PCs, then re-fitted inside the plane found (drops other rotations' leakage)
-    n_steps = n - 1
-    omega = best_frequency(scores)
-    _, axes = _sinusoid(scores, omega)
-    in_plane, _ = np.linalg.qr(axes)
-    t = np.arange(n, dtype=float) - n_steps / 2
-    half_bin = np.pi / n
-    omega = _refine(scores @ in_plane, t, omega - half_bin, omega + half_bin)
+    t = np.arange(n, dtype=float) - (n - 1) / 2
+    omega = dominant_frequency(scores)
     centre, axes = _sinusoid(scores, omega)
     share = _explained(np.array([omega]), t, scores)[0]
     sv = np.linalg.svd(axes, compute_uv=False)
