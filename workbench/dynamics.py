@@ -1,25 +1,27 @@
 """Dynamics classification per token: fixed point, orbit, slider or other (analysis.md item 3).
 
 Each token's tail (its last `tail` steps) is measured by `workbench.dynamics_features` and the
-numbers are turned into a kind, in this order:
+numbers are turned into a kind, first match wins:
 
-1. fixed_point: the median relative step of the last 4 steps is below `fixed_tol`, or the motion
-   shrinks geometrically: step norms in the top-3 PC space fall by a ratio ≤ `max_contraction` per
-   step (log-linear fit R² ≥ `min_decay_fit`), or the displacements between the means of the tail's
-   quarters shrink monotonically at that rate while they move more than jitter (see 3);
-2. orbit: a single-frequency fit c + a cos ωt + b sin ωt of the tail's top PCs explains at least
-   `min_plane_share` of the variance, makes ≥ `min_revolutions` turns over the tail, is a true
-   ellipse (minor/major ≥ `min_aspect`, waived near period 2 where the rotation aliases to a
-   flip-flop), and the angle in that plane advances steadily (share of steps within 50 % of ω ≥
-   `min_angle_consistency`), at a median speed that agrees with the spectral ω within
-   `max_speed_mismatch`;
-3. fixed_point (noisy): the tail is jitter around a point: the means of its last two quarters are
-   closer than `max_settling_ratio` mean steps, and its spread is ≤ `max_jitter` of the norm;
-4. slider: net displacement / coarse path length ≥ `min_straightness`;
-5. other.
+1. fixed_point: the median relative step ‖x_t − x_{t−1}‖/‖x_t‖ of the last 4 steps < `fixed_tol`;
+2. orbit: the best single-frequency fit c + a cos ωt + b sin ωt of the tail's top PCs (ω from a
+   spectral grid, refined, backfitted against a second rotation) explains ≥ `min_plane_share` of the
+   tail variance, makes ≥ `min_revolutions` turns over the tail, is a true ellipse (minor/major ≥
+   `min_aspect`), the angle in the ellipse's own coordinates advances steadily (share of steps within
+   50 % of ω ≥ `min_angle_consistency`) at a median speed that agrees with the spectral ω within
+   `max_speed_mismatch`, and its radius does not shrink (per-step trend > `max_contraction`: a
+   converging spiral is a fixed point). Near period 2 (ω > 0.9π) the ellipse degenerates to a
+   flip-flop and only share and turns are required;
+3. fixed_point (converging): step norms in the top-3 PC space fall geometrically (ratio ≤
+   `max_contraction` per step, log-linear R² ≥ `min_decay_fit`), or the displacements between the
+   means of the tail's quarters shrink monotonically at that rate while they exceed jitter (4);
+4. fixed_point (noisy): jitter around a point: the means of the last two quarters are closer than
+   `max_settling_ratio` mean steps and the spread is ≤ `max_jitter` of the norm;
+5. slider: net displacement / path length over 8 chunks ≥ `min_straightness`;
+6. other (e.g. a random walk, or an orbit with too few turns in the tail).
 
-Angular speed is reported in (0, π]: a sampled rotation of ω and one of 2π − ω in the opposite sense
-are the same sequence, so periods are ≥ 2 steps.
+Angular speed is reported in (0, π]: a sampled rotation by ω and one by 2π − ω in the opposite sense
+are the same sequence, so periods are ≥ 2 steps. The tail should hold at least one period.
 """
 
 from __future__ import annotations
@@ -38,20 +40,20 @@ MIN_TAIL = 8
 
 @dataclass(frozen=True)
 class DynamicsThresholds:
-    """Decision thresholds of `classify_dynamics` (defaults tuned on `workbench.synthetic`)."""
+    """Decision thresholds of `classify_dynamics` (defaults chosen on `workbench.synthetic`)."""
 
-    fixed_tol: float = 1e-3
-    max_contraction: float = 0.97
-    min_decay_fit: float = 0.8
-    min_plane_share: float = 0.5
-    min_revolutions: float = 0.8
-    min_aspect: float = 0.1
-    min_angle_consistency: float = 0.8
-    max_speed_mismatch: float = 0.15
-    min_straightness: float = 0.6
-    max_settling_ratio: float = 1.0
-    max_jitter: float = 0.05
-    n_components: int = 8
+    fixed_tol: float = 1e-3  # converged: median relative step of the last 4 steps below this
+    max_contraction: float = 0.97  # converging: step norms shrink by at least this ratio per step
+    min_decay_fit: float = 0.8  # R² of the log-linear step-norm decay
+    min_plane_share: float = 0.5  # orbit: share of tail variance in the fitted rotation
+    min_revolutions: float = 0.8  # orbit: turns over the tail
+    min_aspect: float = 0.1  # orbit: minor/major axis of the ellipse
+    min_angle_consistency: float = 0.8  # orbit: share of steps advancing within 50 % of ω
+    max_speed_mismatch: float = 0.15  # orbit: |median angle step − spectral ω| / ω
+    min_straightness: float = 0.6  # slider: net displacement / coarse path length
+    max_settling_ratio: float = 1.0  # noisy fixed point: chunk-mean move / mean step
+    max_jitter: float = 0.05  # noisy fixed point: RMS spread / norm
+    n_components: int = 8  # PCs of the tail used by the rotation fit
 
 
 def default_tail(steps: int) -> int:
