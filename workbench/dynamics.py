@@ -14,10 +14,13 @@ numbers are turned into a kind, first match wins:
    flip-flop and only share and turns are required;
 3. fixed_point (converging): step norms in the top-3 PC space fall geometrically (ratio ≤
    `max_contraction` per step, log-linear R² ≥ `min_decay_fit`), or the displacements between the
-   means of the tail's quarters shrink monotonically at that rate while they exceed jitter (4);
+   means of the tail's quarters shrink monotonically at that rate, by ≤ `max_chunk_shrink` overall,
+   while they exceed jitter (4). Step norms, chunk means and the settling ratio are measured on
+   the top-3 PC scores, where i.i.d. noise in R^h is mostly projected out;
 4. fixed_point (noisy): jitter around a point: the means of the last two quarters are closer than
    `max_settling_ratio` mean steps and the spread is ≤ `max_jitter` of the norm;
-5. slider: net displacement / path length over 8 chunks ≥ `min_straightness`;
+5. slider: net displacement / path length over 8 chunks ≥ `min_straightness`, or the same in the
+   top-3 PC space ≥ `min_pc_straightness`;
 6. other (e.g. a random walk, or an orbit with too few turns in the tail).
 
 Angular speed is reported in (0, π]: a sampled rotation by ω and one by 2π − ω in the opposite sense
@@ -45,12 +48,14 @@ class DynamicsThresholds:
     fixed_tol: float = 1e-3  # converged: median relative step of the last 4 steps below this
     max_contraction: float = 0.97  # converging: step norms shrink by at least this ratio per step
     min_decay_fit: float = 0.8  # R² of the log-linear step-norm decay
+    max_chunk_shrink: float = 0.5  # converging: last / first displacement of the quarter means
     min_plane_share: float = 0.5  # orbit: share of tail variance in the fitted rotation
     min_revolutions: float = 0.8  # orbit: turns over the tail
     min_aspect: float = 0.1  # orbit: minor/major axis of the ellipse
     min_angle_consistency: float = 0.8  # orbit: share of steps advancing within 50 % of ω
     max_speed_mismatch: float = 0.15  # orbit: |median angle step − spectral ω| / ω
     min_straightness: float = 0.6  # slider: net displacement / coarse path length
+    min_pc_straightness: float = 0.8  # slider: the same in the top-3 PC space (noise removed)
     max_settling_ratio: float = 1.0  # noisy fixed point: chunk-mean move / mean step
     max_jitter: float = 0.05  # noisy fixed point: RMS spread / norm
     n_components: int = 8  # PCs of the tail used by the rotation fit
@@ -78,7 +83,8 @@ def _check_states(states: np.ndarray, tail: int | None) -> tuple[np.ndarray, int
 
 def _is_converging(f: dict, th: DynamicsThresholds) -> bool:
     moving = f["settling_ratio"] > th.max_settling_ratio  # chunk means move beyond jitter
-    if moving and f["chunk_contraction"] <= th.max_contraction:
+    shrinking = f["chunk_shrink"] <= th.max_chunk_shrink
+    if moving and shrinking and f["chunk_contraction"] <= th.max_contraction:
         return True
     return f["contraction"] <= th.max_contraction and f["contraction_fit"] >= th.min_decay_fit
 
@@ -107,7 +113,7 @@ def _decide(f: dict, th: DynamicsThresholds) -> str:
         return "fixed_point"
     if f["settling_ratio"] <= th.max_settling_ratio and f["spread"] <= th.max_jitter:
         return "fixed_point"
-    if f["straightness"] >= th.min_straightness:
+    if f["straightness"] >= th.min_straightness or f["pc_straightness"] >= th.min_pc_straightness:
         return "slider"
     return "other"
 
@@ -118,7 +124,7 @@ def token_features(
     """All diagnostic numbers of one token's tail (W + 1, h) given its PCA (see `tail_pca`), and
     its rotation plane (2, h)."""
     rot = rotation_fit(scores, components, total_var)
-    f = convergence_features(tail, scores) | drift_features(tail)
+    f = convergence_features(tail, scores) | drift_features(tail, scores)
     f |= dict(
         angular_speed=rot.omega,
         revolutions=rot.omega * (len(tail) - 1) / (2 * np.pi),

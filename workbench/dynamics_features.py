@@ -48,24 +48,24 @@ def _log_slope(values: np.ndarray) -> tuple[float, float]:
     return float(slope), float(1 - resid / total) if total > 0 else 0.0
 
 
-def _chunk_motion(tail: np.ndarray, steps: np.ndarray, chunks: int) -> tuple[float, float]:
-    """Settling ratio and chunk contraction from the means of `chunks` equal chunks of the tail.
+def _chunk_motion(points: np.ndarray, steps: np.ndarray, chunks: int) -> tuple[float, ...]:
+    """Settling ratio, chunk shrink and chunk contraction from the means of `chunks` equal chunks.
 
     settling ratio = ‖last chunk mean − the one before‖ / mean step norm over those two chunks:
     about 1/sqrt(L) (L = chunk length) for i.i.d. jitter around a point, about sqrt(2L/3) for a
-    random walk and about L for a steady drift. chunk contraction = per-step ratio
-    (D_last / D_first)^(1 / (L (chunks − 2))) of the displacements D between successive chunk means
-    when they shrink monotonically (a geometric approach averaged over noise), else 1.
+    random walk and about L for a steady drift. chunk shrink = D_last / D_first, the displacements D
+    between successive chunk means, when they shrink monotonically (a geometric approach averaged
+    over noise), else 1; chunk contraction = its per-step rate shrink^(1 / (L (chunks − 2))).
     """
-    size = max(1, (len(tail) - 1) // chunks)
-    means = np.stack(
-        [tail[len(tail) - (i + 1) * size :][:size].mean(axis=0) for i in range(chunks)]
-    )
-    disp = np.linalg.norm(np.diff(means[::-1], axis=0), axis=1)
+    size = max(1, (len(points) - 1) // chunks)
+    ends = len(points) - np.arange(chunks, 0, -1) * size
+    means = np.stack([points[e : e + size].mean(axis=0) for e in ends])
+    disp = np.linalg.norm(np.diff(means, axis=0), axis=1)
     settling = float(_safe_ratio(disp[-1], steps[-2 * size :].mean()))
     if disp[0] <= 0 or np.any(np.diff(disp) >= 0):
-        return settling, 1.0
-    return settling, float((disp[-1] / disp[0]) ** (1 / (size * (chunks - 2))))
+        return settling, 1.0, 1.0
+    shrink = float(disp[-1] / disp[0])
+    return settling, shrink, shrink ** (1 / (size * (chunks - 2)))
 
 
 def convergence_features(
@@ -76,15 +76,17 @@ def convergence_features(
     `contraction` = exp(slope) of a least-squares line through the log step norms measured in the
     top-3 PC space (where i.i.d. noise is mostly projected out), the ratio of successive steps (< 1
     for geometric convergence), and `contraction_fit` its R². `spread` = RMS distance to the tail
-    mean / mean norm; `settling_ratio` (see `_settling_ratio`, over `chunks` chunks) is small when
-    the tail is jitter around a point rather than motion.
+    mean / mean norm; `settling_ratio`, `chunk_shrink` and `chunk_contraction` (see `_chunk_motion`,
+    `chunks` chunks) come from the top-3 PC scores too.
     """
     steps = np.linalg.norm(np.diff(tail, axis=0), axis=1)
     norms = np.linalg.norm(tail[1:], axis=1)
     rel = _safe_ratio(steps, norms)
-    slope, fit = _log_slope(np.linalg.norm(np.diff(scores[:, :3], axis=0), axis=1))
+    top = scores[:, :3]
+    top_steps = np.linalg.norm(np.diff(top, axis=0), axis=1)
+    slope, fit = _log_slope(top_steps)
     spread_sq = np.mean(np.sum((tail - tail.mean(axis=0)) ** 2, axis=1))
-    settling, chunk_contraction = _chunk_motion(tail, steps, chunks)
+    settling, shrink, chunk_contraction = _chunk_motion(top, top_steps, chunks)
     return dict(
         final_step_size=float(rel[-1]),
         tail_relative_step=float(np.median(rel[-last:])),
@@ -92,11 +94,12 @@ def convergence_features(
         contraction_fit=fit,
         spread=float(_safe_ratio(np.sqrt(spread_sq), norms.mean())),
         settling_ratio=settling,
+        chunk_shrink=shrink,
         chunk_contraction=chunk_contraction,
     )
 
 
-def drift_features(tail: np.ndarray, chunks: int = 8) -> dict[str, float]:
+def drift_features(tail: np.ndarray, scores: np.ndarray, chunks: int = 8) -> dict[str, float]:
     """Directional drift: least-squares velocity, its variance share and coarse straightness.
 
     `drift_velocity_norm` = ‖β‖ of x_t ≈ x̄ + β (t − t̄) (distance per step); `drift_variance_share` =
@@ -115,7 +118,10 @@ def drift_features(tail: np.ndarray, chunks: int = 8) -> dict[str, float]:
     idx = np.unique(np.r_[np.arange(0, n, stride), n - 1])
     path = np.sum(np.linalg.norm(np.diff(tail[idx], axis=0), axis=1))
     net = np.linalg.norm(tail[-1] - tail[0])
+    top = scores[idx, :3]
+    top_path = np.sum(np.linalg.norm(np.diff(top, axis=0), axis=1))
     return dict(
+        pc_straightness=float(_safe_ratio(np.linalg.norm(top[-1] - top[0]), top_path)),
         drift_velocity_norm=speed,
         drift_variance_share=float(_safe_ratio(np.sum(along**2), total_var)),
         straightness=float(_safe_ratio(net, path)),
