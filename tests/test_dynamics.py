@@ -140,7 +140,8 @@ def test_thresholds_are_keyword_arguments() -> None:
     ]
     assert classify_dynamics(traj).kind.iloc[0] == "slider"
     assert classify_dynamics(traj, fixed_tol=1.0).kind.iloc[0] == "fixed_point"
-    assert classify_dynamics(traj, min_straightness=1.01).kind.iloc[0] == "other"
+    no_slider = dict(min_straightness=1.01, min_pc_straightness=1.01)
+    assert classify_dynamics(traj, **no_slider).kind.iloc[0] == "other"
     with pytest.raises(TypeError):
         classify_dynamics(traj, no_such_threshold=1.0)
 
