@@ -44,7 +44,7 @@ def sidebar() -> dict:
         device = st.selectbox("Device", devices(), key="device")
         dtype = st.selectbox("dtype", DTYPES, key="dtype")
         st.header("Input")
-        chat = st.radio("Input", ["Prompt", "Chat"], horizontal=True, key="mode") == "Chat"
+        chat = st.radio("Input as", ["Prompt", "Chat"], horizontal=True, key="mode") == "Chat"
         system = st.text_area("System message", "", key="system") if chat else ""
         prompt = st.text_area(
             "User message" if chat else "Prompt", inputs.DEFAULT_PROMPT, height=120, key="prompt"
