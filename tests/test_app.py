@@ -218,3 +218,17 @@ def test_changing_only_the_view_recomputes_nothing(monkeypatch):
     assert calls == {"collect": 2, "classify": 1}
     at.number_input(key="steps").set_value(11).run()
     assert calls == {"collect": 3, "classify": 2}
+
+
+def test_any_huginn_layout_directory_opens(tmp_path):
+    from apps.fallback_model import fallback_model
+
+    model = fallback_model(seed=3)
+    model.config.name = "saved-tiny"
+    model.save_pretrained(tmp_path / "saved")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.text_input(key="checkpoint").set_value(str(tmp_path / "saved")).run()
+    assert_clean(at)
+    assert not at.warning  # not the random stand-in banner
+    assert any("Model **saved-tiny**" in c.value for c in at.caption)
+    assert "pc_pairs" in chart_keys(at)

@@ -1,0 +1,93 @@
+"""The app's helpers: the labelled random stand-in model and the checks on sidebar input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from apps import inputs
+from apps.fallback_model import (
+    FALLBACK_CONTEXT,
+    byte_level_tokenizer,
+    fallback_model,
+    is_fallback,
+)
+from recurrent_model import load_model
+from recurrent_model.tokenizer import SPECIAL_TOKENS
+
+
+def test_byte_level_tokenizer_puts_the_specials_at_v_minus_32():
+    tok = byte_level_tokenizer(512)
+    assert tok.vocab_size == 512
+    assert [tok.backend.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(480, 490))
+    text = "Claire makes a 3 egg omelet — ünïcode ✓"
+    ids = tok.encode(text)
+    assert ids[0] == tok.bos_id and all(i < 256 for i in ids[1:])
+    assert len(ids) == 1 + len(text.encode())  # one token per byte: no merges
+    assert tok.decode(ids[1:]) == text
+    chat = tok.encode_chat([{"role": "user", "content": "hi"}])
+    assert chat[:2] == [tok.bos_id, tok.begin_header_id]
+
+
+def test_fallback_model_is_labelled_seeded_and_a_valid_checkpoint(tmp_path):
+    a, b = fallback_model(), fallback_model()
+    assert is_fallback(a) and a.config.block_size == FALLBACK_CONTEXT
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.transformer.wte.weight, fallback_model(seed=1).transformer.wte.weight)
+    a.save_pretrained(tmp_path / "ckpt")
+    loaded = load_model(tmp_path / "ckpt")
+    assert is_fallback(loaded)
+    ids = torch.tensor([a.tokenizer.encode("3 eggs")])
+    assert torch.allclose(
+        a(ids, num_steps=3, init_scale=0).logits, loaded(ids, num_steps=3, init_scale=0).logits
+    )
+    assert loaded.tokenizer.encode("3 eggs") == a.tokenizer.encode("3 eggs")
+
+
+@pytest.mark.parametrize(
+    ("text", "seeds"),
+    [("0", (0,)), ("0, 1,2", (0, 1, 2)), (" 7  3 ", (7, 3)), ("0,\n5", (0, 5))],
+)
+def test_parse_seeds(text, seeds):
+    assert inputs.parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["", "a", "1.5", "-1", "1, 1", "0 1 2 3 4 5 6 7 8", "2147483648"])
+def test_bad_seeds_raise_input_error(text):
+    with pytest.raises(inputs.InputError):
+        inputs.parse_seeds(text)
+
+
+def test_steps_and_init_scale_ranges():
+    assert inputs.check_steps(1) == 1 and inputs.check_steps(256.0) == 256
+    for bad in (0, -3, 257, 2.5, None):
+        with pytest.raises(inputs.InputError, match="Steps must be"):
+            inputs.check_steps(bad)
+    assert inputs.check_init_scale(0) == 0.0 and inputs.check_init_scale(10) == 10.0
+    for bad in (-0.1, 10.5, None):
+        with pytest.raises(inputs.InputError, match="Init scale"):
+            inputs.check_init_scale(bad)
+
+
+def test_encode_input_prompt_chat_and_errors():
+    tok = byte_level_tokenizer()
+    assert inputs.encode_input(tok, 64, "hi") == (tok.bos_id, *tok.encode("hi", add_bos=False))
+    chat = inputs.encode_input(tok, 64, "hi", system="be brief", chat=True)
+    assert chat == tuple(
+        tok.encode_chat(
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+        )
+    )
+    with pytest.raises(inputs.InputError, match="empty"):
+        inputs.encode_input(tok, 64, " \n ")
+    with pytest.raises(inputs.InputError, match="8 tokens long but the model's context holds 7"):
+        inputs.encode_input(tok, 7, "1234567")
+    with pytest.raises(inputs.InputError, match="no tokenizer.json"):
+        inputs.encode_input(None, 64, "hi")
+
+
+def test_resolve_checkpoint(tmp_path):
+    assert inputs.resolve_checkpoint(str(tmp_path)) == tmp_path
+    assert inputs.resolve_checkpoint("checkpoints/default").parts[-2:] == ("checkpoints", "default")
+    with pytest.raises(inputs.InputError):
+        inputs.resolve_checkpoint("  ")
