@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from .dynamics_features import convergence_features, drift_features, rotation_fit, tail_pca
+from .dynamics_features import convergence_features, drift_features, tail_pca
+from .dynamics_rotation import RotationFit, rotation_fit
 
 KINDS = ("fixed_point", "orbit", "slider", "other")
 MIN_TAIL = 8
@@ -118,40 +119,38 @@ def _decide(f: dict, th: DynamicsThresholds) -> str:
     return "other"
 
 
-def token_features(
-    tail: np.ndarray, scores: np.ndarray, components: np.ndarray, total_var: float
-) -> tuple[dict, np.ndarray]:
-    """All diagnostic numbers of one token's tail (W + 1, h) given its PCA (see `tail_pca`), and
-    its rotation plane (2, h)."""
-    rot = rotation_fit(scores, components, total_var)
-    f = convergence_features(tail, scores) | drift_features(tail, scores)
-    f |= dict(
-        angular_speed=rot.omega,
-        revolutions=rot.omega * (len(tail) - 1) / (2 * np.pi),
-        plane_variance_share=rot.share,
-        aspect=rot.aspect,
-        angle_speed=rot.angle_speed,
-        angle_consistency=rot.consistency,
-        radial_trend=rot.radial_trend,
+def _rotation_columns(rot: RotationFit, i: int, n_steps: int) -> dict[str, float]:
+    omega = float(rot.omega[i])
+    return dict(
+        angular_speed=omega,
+        revolutions=omega * n_steps / (2 * np.pi),
+        plane_variance_share=float(rot.share[i]),
+        aspect=float(rot.aspect[i]),
+        angle_speed=float(rot.angle_speed[i]),
+        angle_consistency=float(rot.consistency[i]),
+        radial_trend=float(rot.radial_trend[i]),
     )
-    return f, rot.plane
 
 
 def _features(
-    states: np.ndarray, tail: int, th: DynamicsThresholds, chunk: int = 64
+    states: np.ndarray, tail: int, th: DynamicsThresholds, chunk: int = 256
 ) -> tuple[list[dict], np.ndarray]:
-    """Features and rotation planes (T, 2, h) of every token, PCA batched over `chunk` tokens."""
+    """Diagnostic numbers of every token's tail and the rotation planes (T, 2, h).
+
+    PCA and the rotation fit are batched over `chunk` tokens at a time (bounded memory).
+    """
     feats, planes = [], []
     # one BLAS thread: these are many small matrices, and threads oversubscribe shared CPUs
     with threadpool_limits(1):
         for start in range(0, states.shape[1], chunk):
             tails = np.swapaxes(states[-tail - 1 :, start : start + chunk], 0, 1)
             scores, comps, total = tail_pca(tails, th.n_components)
-            for i in range(len(tails)):
-                f, plane = token_features(tails[i], scores[i], comps[i], float(total[i]))
-                feats.append(f)
-                planes.append(plane)
-    return feats, np.stack(planes)
+            rot = rotation_fit(scores, comps, total)
+            planes.append(rot.plane)
+            for i, x in enumerate(tails):
+                f = convergence_features(x, scores[i]) | drift_features(x, scores[i])
+                feats.append(f | _rotation_columns(rot, i, tail))
+    return feats, np.concatenate(planes)
 
 
 def _row(f: dict, kind: str) -> dict:
