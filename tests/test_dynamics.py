@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench import classify_dynamics
-from workbench.dynamics import KINDS, default_tail, rotation_plane
+from workbench.dynamics import KINDS, default_tail, rotation_plane, rotation_planes
 from workbench.synthetic import SUBTYPES, make_benchmark, make_set, rms_normalise
 
 H = 64
@@ -196,3 +196,15 @@ def test_generator_is_deterministic_and_normalised() -> None:
     assert np.array_equal(a.states, b.states) and a.labels.equals(b.labels)
     assert np.allclose(np.sqrt(np.mean(a.states**2, axis=-1)), 1.0)
     assert a.labels.period.iloc[0] >= 4 and np.isnan(a.labels.period.iloc[1])
+
+
+def test_rotation_planes_match_per_token_and_float16_input() -> None:
+    states = np.stack([_circle(9.0, seed=1), _circle(15.0, seed=2)], axis=1)
+    planes = rotation_planes(states)
+    assert planes.shape == (2, 2, H)
+    for i in range(2):
+        single = rotation_plane(states[:, i])
+        assert np.allclose(np.linalg.svd(planes[i] @ single.T, compute_uv=False), 1, atol=1e-8)
+    half = classify_dynamics(states.astype(np.float16))
+    assert list(half.kind) == ["orbit", "orbit"]
+    assert np.allclose(half.period, [9.0, 15.0], rtol=0.01)

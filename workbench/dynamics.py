@@ -68,18 +68,20 @@ def default_tail(steps: int) -> int:
 
 
 def _check_states(states: np.ndarray, tail: int | None) -> tuple[np.ndarray, int]:
+    """Validate shape, finiteness and tail; the states are returned as given (no copy)."""
     states = np.asarray(states)
     if states.ndim != 3:
         raise ValueError(f"states must be (steps + 1, T, h), got shape {states.shape}")
-    if not np.all(np.isfinite(states)):
-        raise ValueError("states contain NaN or inf values")
+    for start in range(0, states.shape[1], 64):  # bounded temporary memory for huge inputs
+        if not np.all(np.isfinite(states[:, start : start + 64])):
+            raise ValueError("states contain NaN or inf values")
     steps = states.shape[0] - 1
     tail = default_tail(steps) if tail is None else int(tail)
     if tail > steps:
         raise ValueError(f"tail={tail} is longer than the {steps} steps available")
     if tail < MIN_TAIL:
         raise ValueError(f"need a tail of at least {MIN_TAIL} steps, got {tail} (steps={steps})")
-    return states.astype(np.float64, copy=False), tail
+    return states, tail
 
 
 def _is_converging(f: dict, th: DynamicsThresholds) -> bool:
@@ -133,17 +135,20 @@ def _rotation_columns(rot: RotationFit, i: int, n_steps: int) -> dict[str, float
 
 
 def _features(
-    states: np.ndarray, tail: int, th: DynamicsThresholds, chunk: int = 256
+    states: np.ndarray, tail: int, th: DynamicsThresholds, chunk_bytes: int = 64 << 20
 ) -> tuple[list[dict], np.ndarray]:
     """Diagnostic numbers of every token's tail and the rotation planes (T, 2, h).
 
-    PCA and the rotation fit are batched over `chunk` tokens at a time (bounded memory).
+    Tails are converted to float64 and processed (PCA, rotation fit) in batches of tokens of at
+    most `chunk_bytes`, so memory stays bounded at any width.
     """
     feats, planes = [], []
+    chunk = max(1, min(256, chunk_bytes // (8 * (tail + 1) * states.shape[2])))
     # one BLAS thread: these are many small matrices, and threads oversubscribe shared CPUs
     with threadpool_limits(1):
         for start in range(0, states.shape[1], chunk):
-            tails = np.swapaxes(states[-tail - 1 :, start : start + chunk], 0, 1)
+            block = states[-tail - 1 :, start : start + chunk]
+            tails = np.swapaxes(block, 0, 1).astype(np.float64)
             scores, comps, total = tail_pca(tails, th.n_components)
             rot = rotation_fit(scores, comps, total)
             planes.append(rot.plane)
@@ -194,6 +199,15 @@ def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int 
     states, tail = _check_states(np.asarray(traj)[:, None, :], tail)
     _, planes = _features(states, tail, DynamicsThresholds(n_components=n_components))
     return planes[0]
+
+
+def rotation_planes(
+    states: np.ndarray, tail: int | None = None, n_components: int = 8
+) -> np.ndarray:
+    """Rotation plane bases (T, 2, h) of every token of states (steps + 1, T, h); see
+    `rotation_plane`."""
+    states, tail = _check_states(states, tail)
+    return _features(states, tail, DynamicsThresholds(n_components=n_components))[1]
 
 
 def thresholds_dict() -> dict[str, float]:
