@@ -66,9 +66,8 @@ def _transient(t: np.ndarray, rng: np.random.Generator, h: int, scale: float) ->
     return scale * rng.uniform(0.3, 1.0) * np.outer(q**t, d)
 
 
-def _orbit(sub: str, t: np.ndarray, rng: np.random.Generator, h: int, max_period: float):
+def _orbit(sub: str, t: np.ndarray, rng: np.random.Generator, h: int, period: float):
     norm = np.sqrt(h)
-    period = _log_uniform(rng, MIN_PERIOD, max_period)
     radius = rng.uniform(0.05, 0.3) * norm
     u, v, u2, v2 = _unit(rng, h, 4)
     cos, sin = _rotation(t, period, rng.uniform(0, 2 * np.pi))
@@ -120,19 +119,32 @@ def _walk(sub: str, t: np.ndarray, rng: np.random.Generator, h: int):
 _MAKERS: dict[str, Callable] = {"slider": _slider, "fixed_point": _fixed, "other": _walk}
 
 
+def max_period(steps: int) -> float:
+    """Longest orbit period generated for a run: min(60, steps // 2), so that the default tail
+    (half of the run) holds at least one revolution."""
+    return float(min(MAX_PERIOD, steps // 2))
+
+
 def make_trajectory(
-    kind: str, subtype: str, steps: int, h: int, noise: float, rng: np.random.Generator
+    kind: str,
+    subtype: str,
+    steps: int,
+    h: int,
+    noise: float,
+    rng: np.random.Generator,
+    period: float | None = None,
 ) -> tuple[np.ndarray, float]:
     """One labelled trajectory (steps + 1, h), RMS-normalised, and its period (NaN unless orbit).
 
-    Orbit periods are drawn log-uniformly in [4, min(60, steps // 2)] so that the default tail
-    (half of the run) holds at least one revolution.
+    An orbit's `period` defaults to a log-uniform draw in [4, max_period(steps)].
     """
     if subtype not in SUBTYPES[kind]:
         raise ValueError(f"unknown subtype {subtype!r} for kind {kind!r}")
     t = np.arange(steps + 1, dtype=float)
     if kind == "orbit":
-        x, period = _orbit(subtype, t, rng, h, min(MAX_PERIOD, steps // 2))
+        if period is None:
+            period = _log_uniform(rng, MIN_PERIOD, max_period(steps))
+        x, period = _orbit(subtype, t, rng, h, period)
     else:
         x, period = _MAKERS[kind](subtype, t, rng, h)
     centre = rng.standard_normal(h)
@@ -141,17 +153,22 @@ def make_trajectory(
     return rms_normalise(x), period
 
 
-def make_set(
-    cases: list[tuple[str, str, float]], steps: int, h: int, rng: np.random.Generator
-) -> SyntheticSet:
-    """Trajectories for (kind, subtype, noise) cases, stacked as (steps + 1, T, h)."""
+def make_set(cases: list[tuple], steps: int, h: int, rng: np.random.Generator) -> SyntheticSet:
+    """Trajectories for (kind, subtype, noise) or (kind, subtype, noise, period) cases, stacked as
+    (steps + 1, T, h)."""
     trajs, rows = [], []
-    for token, (kind, subtype, noise) in enumerate(cases):
-        x, period = make_trajectory(kind, subtype, steps, h, noise, rng)
+    for token, (kind, subtype, noise, *period) in enumerate(cases):
+        x, period = make_trajectory(kind, subtype, steps, h, noise, rng, *period)
         trajs.append(x)
         rows.append(dict(token=token, kind=kind, subtype=subtype, period=period, noise=noise))
     labels = pd.DataFrame(rows).assign(steps=steps, h=h)
     return SyntheticSet(states=np.stack(trajs, axis=1), labels=labels)
+
+
+def _stratified_periods(n: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """n periods covering [4, max_period(steps)] evenly in log scale (one per stratum), shuffled."""
+    edges = np.linspace(np.log(MIN_PERIOD), np.log(max_period(steps)), n + 1)
+    return rng.permutation(np.exp(rng.uniform(edges[:-1], edges[1:])))
 
 
 def make_benchmark(
@@ -160,7 +177,10 @@ def make_benchmark(
     sizes: tuple[tuple[int, int], ...] = ((64, 64), (96, 128), (128, 256)),
     noise_levels: tuple[float, ...] = NOISE_LEVELS,
 ) -> list[SyntheticSet]:
-    """The benchmark: for each (steps, h) size, `repeats` tokens per subtype and noise level."""
+    """The benchmark: for each (steps, h) size, `repeats` tokens per subtype and noise level.
+
+    The orbits of each size get stratified periods spanning [4, max_period(steps)].
+    """
     rng = np.random.default_rng(seed)
     cases = [
         (kind, sub, noise)
@@ -169,4 +189,10 @@ def make_benchmark(
         for noise in noise_levels
         for _ in range(repeats)
     ]
-    return [make_set(cases, steps, h, rng) for steps, h in sizes]
+    sets = []
+    for steps, h in sizes:
+        n_orbits = sum(kind == "orbit" for kind, _, _ in cases)
+        periods = iter(_stratified_periods(n_orbits, steps, rng))
+        sized = [c + (next(periods),) if c[0] == "orbit" else c for c in cases]
+        sets.append(make_set(sized, steps, h, rng))
+    return sets
