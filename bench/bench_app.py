@@ -1,0 +1,164 @@
+"""App responsiveness on the default checkpoint (or the labelled random stand-in while it is missing).
+
+1. AppTest (the script as Streamlit runs it, no browser): the first run in a fresh process (imports,
+   model load, collection, PCA, the first charts); a redraw after changing only a view widget (the
+   waterfall plane) and after switching tabs and back; and a rerun after changing the step count.
+2. A real browser (Debian's Chromium via Playwright, when /usr/bin/chromium exists): time until the
+   first plotly chart is drawn, and until it is redrawn after changing the step count.
+
+Usage: python bench/bench_app.py [--repeats 3] [--skip-browser]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "apps" / "trajectories.py")
+CHROMIUM = Path("/usr/bin/chromium")
+CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
+POINTS = (
+    "([sel, n]) => { const t = document.querySelector(sel)?.querySelector('.scatterlayer .trace');"
+    " return t && t.querySelectorAll('.points path').length === n; }"
+)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_apptest(repeats: int) -> dict[str, float | str]:
+    from streamlit.testing.v1 import AppTest
+
+    def check(at: AppTest) -> AppTest:
+        if at.exception or at.error:
+            raise RuntimeError(f"the app failed: {at.exception or [e.value for e in at.error]}")
+        return at
+
+    at = AppTest.from_file(APP, default_timeout=600)
+    first = timed(lambda: check(at.run()))
+    out: dict[str, float | str] = {
+        "model": "random stand-in" if at.warning else "checkpoints/default",
+        "tokens × steps × seeds": at.caption[-1].value,
+        "first run (cold process) s": first,
+    }
+    planes = ["PC3 / PC4", "PC1 / PC2"]
+    view = [
+        timed(lambda p=p: check(at.selectbox(key="waterfall_pair").set_value(p).run()))
+        for p in planes * repeats
+    ]
+    out["view widget change s (median)"] = statistics.median(view)
+    at.session_state["view"] = "Convergence"
+    out["first Convergence tab s"] = timed(lambda: check(at.run()))
+    tabs = []
+    for _ in range(repeats):
+        for name in ("Trajectories", "Convergence"):
+            at.session_state["view"] = name
+            tabs.append(timed(lambda: check(at.run())))
+    out["tab switch, cached s (median)"] = statistics.median(tabs)
+    at.session_state["view"] = "Trajectories"
+    check(at.run())
+    steps = at.number_input(key="steps").value
+    new = [int(steps) - 1 - k for k in range(repeats)]
+    times = [timed(lambda n=n: check(at.number_input(key="steps").set_value(n).run())) for n in new]
+    out["step count change s (median)"] = statistics.median(times)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_browser() -> dict[str, float]:
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        APP,
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--server.fileWatcherType",
+        "none",
+    ]
+    env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    server = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=[
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                ],
+            )
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector(f"{CHART} .main-svg .scatterlayer", timeout=600_000)
+            first = time.perf_counter() - t0
+            steps = page.get_by_label("Steps")
+            current = int(steps.input_value())
+            t0 = time.perf_counter()
+            steps.fill(str(current - 4))
+            steps.press("Enter")
+            page.wait_for_function(POINTS, arg=[CHART, current - 3], timeout=600_000)
+            redraw = time.perf_counter() - t0
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return {"browser: first chart drawn s": first, "browser: redraw after step change s": redraw}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-browser", action="store_true")
+    args = parser.parse_args()
+    results: dict[str, float | str] = bench_apptest(args.repeats)
+    if not args.skip_browser and CHROMIUM.exists():
+        results |= bench_browser()
+    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}
+    print(json.dumps(rounded, indent=2))
+
+
+if __name__ == "__main__":
+    main()
