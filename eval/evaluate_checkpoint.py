@@ -1,0 +1,251 @@
+"""Evaluate a trained recurrent-depth checkpoint: does it use its recurrence?
+
+Prints a table and writes results.json, results.md and a plot (HTML) to --out:
+1. validation loss at r = 1, 2, 4, 8, r̄, 2r̄, 4r̄ (should fall from 1 to r̄ and stay flat beyond);
+2. accuracy on freshly generated held-out arithmetic vs r, per difficulty (digits per operand);
+3. path independence: final-state spread across 5 random s_0 at 4r̄ (and the phase-blind attractor
+   distance), on a few prompts;
+4. the share of tokens classified fixed point / orbit / slider / other on those prompts at 4r̄.
+
+Usage: python eval/evaluate_checkpoint.py --checkpoint checkpoints/default --out eval/results
+The validation rows are rebuilt deterministically from the data config in the checkpoint's
+provenance.json (cached under --data-cache), using the checkpoint's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+import recurrent_model as rm
+import workbench as wb
+from pretrain.data import DataConfig, PackedLoader, prepare_data
+from pretrain.data.arithmetic import make_problems, parse_answer, render
+
+PROMPTS = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Question: Claire makes a 3 egg omelet every morning. How many eggs does she eat in 4 weeks?\nAnswer:",
+    "37 + 48 = 85\n12 * 7 = 84\n245 + 381 =",
+)
+
+
+def depth_grid(mean_recurrence: int) -> list[int]:
+    """1, 2, 4, 8, r̄, 2r̄, 4r̄ without repeats, sorted."""
+    return sorted({1, 2, 4, 8, mean_recurrence, 2 * mean_recurrence, 4 * mean_recurrence})
+
+
+@torch.no_grad()
+def validation_losses(
+    model: rm.RecurrentLM,
+    loader: PackedLoader,
+    depths: Sequence[int],
+    max_batches: int,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Mean next-token loss over up to ``max_batches`` validation batches, per depth (same s_0 seed)."""
+    totals = {d: 0.0 for d in depths}
+    count = 0
+    for i, (inputs, labels) in enumerate(loader):
+        if i >= max_batches:
+            break
+        for d in depths:
+            g = torch.Generator().manual_seed(seed + i)
+            out = model(inputs, num_steps=d, labels=labels, generator=g)
+            totals[d] += float(out.loss) * inputs.shape[0]
+        count += inputs.shape[0]
+    if count == 0:
+        raise ValueError("the validation split is empty")
+    return pd.DataFrame({"steps": list(depths), "val_loss": [totals[d] / count for d in depths]})
+
+
+def few_shot_prompt(difficulty: int, prompt: str, shots: int, seed: int) -> str:
+    """``shots`` solved training-split problems of the same difficulty, one per line, then ``prompt``."""
+    examples = make_problems(shots, difficulty, seed, split="train")
+    return "\n".join([*(render(p, a) for p, a in examples), prompt])
+
+
+@torch.no_grad()
+def arithmetic_accuracy(
+    model: rm.RecurrentLM,
+    depths: Sequence[int],
+    difficulties: Sequence[int],
+    n: int,
+    shots: int = 3,
+    seed: int = 1234,
+) -> pd.DataFrame:
+    """Greedy accuracy on held-out problems per (difficulty, steps), prompts batched left-padded."""
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError("the checkpoint has no tokenizer.json, so arithmetic cannot be scored")
+    rows = []
+    for difficulty in difficulties:
+        problems = make_problems(n, difficulty, seed)
+        encoded = [
+            tok.encode(few_shot_prompt(difficulty, p, shots, seed + k))
+            for k, (p, _) in enumerate(problems)
+        ]
+        width = max(map(len, encoded))
+        ids = torch.full((len(encoded), width), tok.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(encoded):
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+        new_tokens = 2 * difficulty + 4
+        for d in depths:
+            out = model.generate(
+                ids, new_tokens, num_steps=d, attention_mask=mask, init_scale=0.0,
+                stop_tokens=[tok.eos_id, tok.bos_id],
+            )  # fmt: skip
+            texts = [tok.decode(row[width:].tolist(), skip_special_tokens=True) for row in out]
+            answers = [parse_answer(t.split("\n")[0]) for t in texts]
+            correct = [
+                a is not None and a == int(ans)
+                for a, (_, ans) in zip(answers, problems, strict=True)
+            ]
+            rows.append(
+                {"difficulty": difficulty, "steps": d, "accuracy": float(np.mean(correct)), "n": n}
+            )
+    return pd.DataFrame(rows)
+
+
+def trajectory_statistics(
+    model: rm.RecurrentLM, prompts: Sequence[str], num_steps: int, seeds: Sequence[int]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per prompt: final spread and attractor distance over seeds; dynamics kinds of every token."""
+    spread_rows, kinds = [], []
+    for prompt in prompts:
+        ids = model.tokenizer.encode(prompt)
+        traj = wb.collect(model, ids, num_steps, seeds=seeds, progress=False)
+        states = traj.states
+        final = wb.path_independence(states)
+        final = final[final["step"] == num_steps]
+        attractor = wb.attractor_distance(states)
+        spread_rows.append(
+            {
+                "prompt": prompt.splitlines()[0][:40],
+                "tokens": len(ids),
+                "final_spread": float(final["spread"].mean()),
+                "max_final_spread": float(final["spread"].max()),
+                "attractor_distance": float(attractor["attractor_distance"].mean()),
+            }
+        )
+        dyn = wb.classify_dynamics(states[0])
+        kinds.append(dyn["kind"])
+    shares = pd.concat(kinds).value_counts(normalize=True).rename("share").reset_index()
+    return pd.DataFrame(spread_rows), shares
+
+
+def plot(losses: pd.DataFrame, accuracy: pd.DataFrame, mean_recurrence: int) -> go.Figure:
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("validation loss vs r", "held-out arithmetic accuracy vs r")
+    )
+    fig.add_trace(
+        go.Scatter(x=losses["steps"], y=losses["val_loss"], mode="lines+markers", name="val loss"),
+        1,
+        1,
+    )
+    for difficulty, part in accuracy.groupby("difficulty"):
+        fig.add_trace(
+            go.Scatter(
+                x=part["steps"],
+                y=part["accuracy"],
+                mode="lines+markers",
+                name=f"{difficulty}-digit",
+            ),
+            1,
+            2,
+        )
+    for col in (1, 2):
+        fig.update_xaxes(type="log", title_text="recurrence steps r", row=1, col=col)
+        fig.add_vline(x=mean_recurrence, line_dash="dot", row=1, col=col)
+    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
+    fig.update_yaxes(title_text="exact-match accuracy", range=[0, 1], row=1, col=2)
+    fig.update_layout(height=420, width=1000, title="checkpoint evaluation")
+    return fig
+
+
+def markdown(losses, accuracy, spread, shares) -> str:
+    acc = accuracy.pivot(index="difficulty", columns="steps", values="accuracy")
+    acc.columns = [f"r={c}" for c in acc.columns]
+    loss = losses.set_index("steps").T
+    loss.columns = [f"r={c}" for c in loss.columns]
+    return "\n\n".join(
+        [
+            "Validation loss by recurrence depth:\n\n" + loss.to_markdown(floatfmt=".3f"),
+            "Held-out arithmetic accuracy (rows: digits per operand):\n\n"
+            + acc.to_markdown(floatfmt=".2f"),
+            "Path independence at 4r̄ (5 seeds):\n\n"
+            + spread.to_markdown(index=False, floatfmt=".3f"),
+            "Dynamics of all prompt tokens at 4r̄:\n\n"
+            + shares.to_markdown(index=False, floatfmt=".2f"),
+        ]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="checkpoints/default")
+    parser.add_argument("--out", default="eval/results")
+    parser.add_argument("--data-cache", default="runs/eval-data")
+    parser.add_argument("--val-batches", type=int, default=8)
+    parser.add_argument("--problems", type=int, default=60, help="held-out problems per difficulty")
+    parser.add_argument("--difficulties", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+
+    checkpoint = Path(args.checkpoint)
+    model = rm.load_model(checkpoint)
+    provenance_path = checkpoint / "provenance.json"
+    if not provenance_path.is_file():
+        raise SystemExit(
+            f"{provenance_path} is missing: it names the data the checkpoint was trained on"
+        )
+    provenance = json.loads(provenance_path.read_text())
+    r_mean = model.config.mean_recurrence
+    depths = depth_grid(r_mean)
+
+    data_config = DataConfig(
+        **{**provenance["config"]["data"], "tokenizer_path": str(checkpoint / "tokenizer.json")}
+    )
+    prepared = prepare_data(data_config, args.data_cache, progress=False)
+    loader = PackedLoader(prepared, "val", batch_size=8)
+    losses = validation_losses(model, loader, depths, args.val_batches)
+    accuracy = arithmetic_accuracy(model, depths, args.difficulties, args.problems)
+    spread, shares = trajectory_statistics(model, PROMPTS, 4 * r_mean, range(args.seeds))
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {
+        "checkpoint": str(checkpoint),
+        "mean_recurrence": r_mean,
+        "val_loss": losses.to_dict("records"),
+        "arithmetic": accuracy.to_dict("records"),
+        "path_independence": spread.to_dict("records"),
+        "dynamics_share": shares.to_dict("records"),
+        "wall_s": time.perf_counter() - started,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(losses, accuracy, spread, shares)
+    (out / "results.md").write_text(table + "\n")
+    plot(losses, accuracy, r_mean).write_html(out / "results.html", include_plotlyjs="cdn")
+    print(table)
+    print(
+        f"\nwrote {out / 'results.json'}, results.md and results.html in {results['wall_s']:.0f} s"
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The checkpoint evaluation script: scoring logic and an end-to-end run on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import recurrent_model as rm
+from pretrain.data import DataConfig, prepare_data
+from pretrain.data.arithmetic import make_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location(
+    "evaluate_checkpoint", ROOT / "eval" / "evaluate_checkpoint.py"
+)
+evaluate = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(evaluate)
+
+DATA = {
+    "sources": ["starter"],
+    "starter_size": "tiny",
+    "vocab_size": 512,
+    "block_size": 64,
+    "seed": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny random model with a tokenizer trained on the tiny starter corpus, plus provenance."""
+    root = tmp_path_factory.mktemp("eval")
+    prepared = prepare_data(DataConfig(**DATA), root / "data", progress=False)
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny", vocab_size=512, block_size=256, mean_recurrence=2))
+    model.tokenizer = rm.HuginnTokenizer.from_file(prepared.tokenizer_path)
+    model.save_pretrained(root / "ck")
+    (root / "ck" / "provenance.json").write_text(json.dumps({"config": {"data": DATA}}))
+    return root / "ck"
+
+
+def test_depth_grid_covers_the_paper_depths():
+    assert evaluate.depth_grid(8) == [1, 2, 4, 8, 16, 32]
+    assert evaluate.depth_grid(32) == [1, 2, 4, 8, 32, 64, 128]
+
+
+def test_arithmetic_scoring_reads_answers_after_left_padded_prompts(checkpoint, monkeypatch):
+    model = rm.load_model(checkpoint)
+    tok = model.tokenizer
+    problems = make_problems(4, 2, 1234)
+
+    def answer(correct: bool):
+        def fake_generate(ids, new_tokens, num_steps, attention_mask, **kwargs):
+            rows = []
+            for row, (_, ans) in zip(ids, problems, strict=True):
+                text = f" {ans if correct else int(ans) + 1}\n"
+                rows.append(torch.cat([row, torch.tensor(tok.encode(text, add_bos=False))]))
+            return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=tok.pad_id)
+
+        return fake_generate
+
+    monkeypatch.setattr(model, "generate", answer(True))
+    right = evaluate.arithmetic_accuracy(model, [1, 3], [2], n=4)
+    assert right["accuracy"].tolist() == [1.0, 1.0]
+    monkeypatch.setattr(model, "generate", answer(False))
+    wrong = evaluate.arithmetic_accuracy(model, [1], [2], n=4)
+    assert wrong["accuracy"].tolist() == [0.0]
+
+
+def test_few_shot_prompt_uses_training_problems_then_the_question():
+    text = evaluate.few_shot_prompt(1, "3 + 4 =", shots=3, seed=0)
+    lines = text.split("\n")
+    assert len(lines) == 4 and lines[-1] == "3 + 4 ="
+    assert all("=" in line and line.split("=")[1].strip().isdigit() for line in lines[:3])
+
+
+def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
+    results = evaluate.main(
+        [
+            "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"),
+            "--data-cache", str(tmp_path / "cache"), "--val-batches", "1", "--problems", "2",
+            "--difficulties", "1", "--seeds", "2", "--threads", "1",
+        ]
+    )  # fmt: skip
+    assert [row["steps"] for row in results["val_loss"]] == [1, 2, 4, 8]
+    assert all(row["val_loss"] > 0 for row in results["val_loss"])
+    assert {row["steps"] for row in results["arithmetic"]} == {1, 2, 4, 8}
+    assert abs(sum(row["share"] for row in results["dynamics_share"]) - 1) < 1e-9
+    assert len(results["path_independence"]) == len(evaluate.PROMPTS)
+    for name in ("results.json", "results.md", "results.html"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert "Validation loss by recurrence depth" in (tmp_path / "out" / "results.md").read_text()
