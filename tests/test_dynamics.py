@@ -208,3 +208,9 @@ def test_rotation_planes_match_per_token_and_float16_input() -> None:
     half = classify_dynamics(states.astype(np.float16))
     assert list(half.kind) == ["orbit", "orbit"]
     assert np.allclose(half.period, [9.0, 15.0], rtol=0.01)
+
+
+def test_no_tokens_gives_an_empty_frame() -> None:
+    df = classify_dynamics(np.zeros((33, 0, H)))
+    assert len(df) == 0 and {"kind", "period", "final_step_size"} <= set(df.columns)
+    assert rotation_planes(np.zeros((33, 0, H))).shape == (0, 2, H)

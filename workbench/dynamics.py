@@ -39,6 +39,7 @@ from .dynamics_features import convergence_features, drift_features, tail_pca
 from .dynamics_rotation import RotationFit, rotation_fit
 
 KINDS = ("fixed_point", "orbit", "slider", "other")
+_KIND_COLUMNS = ("period", "angular_speed", "drift_speed", "drift_direction_share")
 MIN_TAIL = 8
 
 
@@ -155,7 +156,8 @@ def _features(
             for i, x in enumerate(tails):
                 f = convergence_features(x, scores[i]) | drift_features(x, scores[i])
                 feats.append(f | _rotation_columns(rot, i, tail))
-    return feats, np.concatenate(planes)
+    planes = np.concatenate(planes) if planes else np.zeros((0, 2, states.shape[2]))
+    return feats, planes
 
 
 def _row(f: dict, kind: str) -> dict:
@@ -187,7 +189,8 @@ def classify_dynamics(
     states, tail = _check_states(states, tail)
     feats, _ = _features(states, tail, th)
     rows = [dict(token=i) | _row(f, _decide(f, th)) for i, f in enumerate(feats)]
-    return pd.DataFrame(rows, index=pd.RangeIndex(len(rows), name="position"))
+    columns = None if rows else ["token", "kind", *_KIND_COLUMNS, "final_step_size"]
+    return pd.DataFrame(rows, index=pd.RangeIndex(len(rows), name="position"), columns=columns)
 
 
 def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int = 8) -> np.ndarray:
