@@ -253,7 +253,7 @@ def generation_view(ctx: Context) -> None:
             threshold,
             ctx.run.init_scale,
         )
-        st.text_area("Generated text", out["text"], disabled=True, key="gen_text")
+        st.code(out["text"] or "(stopped at once)", language=None, wrap_lines=True)
         st.metric("Mean steps per token", f"{out['mean_steps']:.1f}")
         table = out["table"]
         if len(table):
