@@ -29,17 +29,16 @@ are the same sequence, so periods are ≥ 2 steps. The tail should hold at least
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from .dynamics_features import convergence_features, drift_features, tail_pca
-from .dynamics_rotation import RotationFit, rotation_fit
+from .dynamics_rotation import rotation_fit
 
 KINDS = ("fixed_point", "orbit", "slider", "other")
-_KIND_COLUMNS = ("period", "angular_speed", "drift_speed", "drift_direction_share")
 MIN_TAIL = 8
 
 
@@ -85,92 +84,100 @@ def _check_states(states: np.ndarray, tail: int | None) -> tuple[np.ndarray, int
     return states, tail
 
 
-def _is_converging(f: dict, th: DynamicsThresholds) -> bool:
-    moving = f["settling_ratio"] > th.max_settling_ratio  # chunk means move beyond jitter
-    shrinking = f["chunk_shrink"] <= th.max_chunk_shrink
-    if moving and shrinking and f["chunk_contraction"] <= th.max_contraction:
-        return True
-    return f["contraction"] <= th.max_contraction and f["contraction_fit"] >= th.min_decay_fit
+def _is_converging(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
+    moving = f.settling_ratio > th.max_settling_ratio  # chunk means move beyond jitter
+    shrinking = f.chunk_shrink <= th.max_chunk_shrink
+    chunks = moving & shrinking & (f.chunk_contraction <= th.max_contraction)
+    steps = (f.contraction <= th.max_contraction) & (f.contraction_fit >= th.min_decay_fit)
+    return (chunks | steps).to_numpy()
 
 
-def _is_orbit(f: dict, th: DynamicsThresholds) -> bool:
-    omega = f["angular_speed"]
-    if not np.isfinite(omega) or omega <= 0:
-        return False
+def _is_orbit(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
+    omega = f.angular_speed.fillna(0.0)
     flip_flop = omega > 0.9 * np.pi  # period close to 2: the ellipse degenerates to a segment
+    ellipse = (
+        (f.aspect >= th.min_aspect)
+        & (f.angle_consistency >= th.min_angle_consistency)
+        & ((f.angle_speed - omega).abs() <= th.max_speed_mismatch * omega)
+    )
     return (
-        f["plane_variance_share"] >= th.min_plane_share
-        and f["revolutions"] >= th.min_revolutions
-        and (flip_flop or f["aspect"] >= th.min_aspect)
-        and (flip_flop or f["angle_consistency"] >= th.min_angle_consistency)
-        and (flip_flop or abs(f["angle_speed"] - omega) <= th.max_speed_mismatch * omega)
-        and f["radial_trend"] > th.max_contraction  # not a converging spiral
-    )
+        (omega > 0)
+        & (f.plane_variance_share >= th.min_plane_share)
+        & (f.revolutions >= th.min_revolutions)
+        & (flip_flop | ellipse)
+        & (f.radial_trend > th.max_contraction)  # not a converging spiral
+    ).to_numpy()
 
 
-def _decide(f: dict, th: DynamicsThresholds) -> str:
-    if f["tail_relative_step"] < th.fixed_tol:
-        return "fixed_point"
-    if _is_orbit(f, th):
-        return "orbit"
-    if _is_converging(f, th):
-        return "fixed_point"
-    if f["settling_ratio"] <= th.max_settling_ratio and f["spread"] <= th.max_jitter:
-        return "fixed_point"
-    if f["straightness"] >= th.min_straightness or f["pc_straightness"] >= th.min_pc_straightness:
-        return "slider"
-    return "other"
-
-
-def _rotation_columns(rot: RotationFit, i: int, n_steps: int) -> dict[str, float]:
-    omega = float(rot.omega[i])
-    return dict(
-        angular_speed=omega,
-        revolutions=omega * n_steps / (2 * np.pi),
-        plane_variance_share=float(rot.share[i]),
-        aspect=float(rot.aspect[i]),
-        angle_speed=float(rot.angle_speed[i]),
-        angle_consistency=float(rot.consistency[i]),
-        radial_trend=float(rot.radial_trend[i]),
-    )
+def _decide(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
+    """The kind of every token from its features (first rule that holds, see module docstring)."""
+    rules = [
+        ("fixed_point", (f.tail_relative_step < th.fixed_tol).to_numpy()),
+        ("orbit", _is_orbit(f, th)),
+        ("fixed_point", _is_converging(f, th)),
+        (
+            "fixed_point",
+            ((f.settling_ratio <= th.max_settling_ratio) & (f.spread <= th.max_jitter)),
+        ),
+        (
+            "slider",
+            (f.straightness >= th.min_straightness) | (f.pc_straightness >= th.min_pc_straightness),
+        ),
+    ]
+    return np.select([np.asarray(m) for _, m in rules], [k for k, _ in rules], default="other")
 
 
 def _features(
     states: np.ndarray, tail: int, th: DynamicsThresholds, chunk_bytes: int = 64 << 20
-) -> tuple[list[dict], np.ndarray]:
-    """Diagnostic numbers of every token's tail and the rotation planes (T, 2, h).
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Diagnostic numbers of every token's tail (one row each) and the rotation planes (T, 2, h).
 
-    Tails are converted to float64 and processed (PCA, rotation fit) in batches of tokens of at
-    most `chunk_bytes`, so memory stays bounded at any width.
+    Tails are converted to float64 and processed in batches of tokens of at most `chunk_bytes`, so
+    memory stays bounded at any width.
     """
-    feats, planes = [], []
+    frames, planes = [], []
     chunk = max(1, min(256, chunk_bytes // (8 * (tail + 1) * states.shape[2])))
     # one BLAS thread: these are many small matrices, and threads oversubscribe shared CPUs
     with threadpool_limits(1):
-        for start in range(0, states.shape[1], chunk):
-            block = states[-tail - 1 :, start : start + chunk]
-            tails = np.swapaxes(block, 0, 1).astype(np.float64)
+        for start in range(0, max(states.shape[1], 1), chunk):
+            tails = np.swapaxes(states[-tail - 1 :, start : start + chunk], 0, 1).astype(np.float64)
             scores, comps, total = tail_pca(tails, th.n_components)
             rot = rotation_fit(scores, comps, total)
             planes.append(rot.plane)
-            for i, x in enumerate(tails):
-                f = convergence_features(x, scores[i]) | drift_features(x, scores[i])
-                feats.append(f | _rotation_columns(rot, i, tail))
-    planes = np.concatenate(planes) if planes else np.zeros((0, 2, states.shape[2]))
-    return feats, planes
+            frames.append(
+                pd.DataFrame(
+                    convergence_features(tails, scores)
+                    | drift_features(tails, scores)
+                    | dict(
+                        angular_speed=rot.omega,
+                        revolutions=rot.omega * tail / (2 * np.pi),
+                        plane_variance_share=rot.share,
+                        aspect=rot.aspect,
+                        angle_speed=rot.angle_speed,
+                        angle_consistency=rot.consistency,
+                        radial_trend=rot.radial_trend,
+                    )
+                )
+            )
+    return pd.concat(frames, ignore_index=True), np.concatenate(planes)
 
 
-def _row(f: dict, kind: str) -> dict:
-    """Blank the kind-specific columns that do not apply to `kind`."""
-    orbit, slider = kind == "orbit", kind == "slider"
-    omega = f["angular_speed"]
-    return dict(
-        kind=kind,
-        period=2 * np.pi / omega if orbit else np.nan,
-        angular_speed=omega if orbit else np.nan,
-        drift_speed=f["drift_velocity_norm"] if slider else np.nan,
-        drift_direction_share=f["drift_variance_share"] if slider else np.nan,
-    ) | {k: v for k, v in f.items() if k != "angular_speed"}
+def _table(f: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
+    """The output frame: kind columns (blank where they do not apply), then the diagnostics."""
+    orbit, slider = kinds == "orbit", kinds == "slider"
+    omega = f.angular_speed.to_numpy()
+    out = pd.DataFrame(
+        dict(
+            token=np.arange(len(f)),
+            kind=kinds,
+            period=np.where(orbit, 2 * np.pi / np.where(orbit, omega, 1.0), np.nan),
+            angular_speed=np.where(orbit, omega, np.nan),
+            drift_speed=np.where(slider, f.drift_velocity_norm, np.nan),
+            drift_direction_share=np.where(slider, f.drift_variance_share, np.nan),
+        ),
+        index=pd.RangeIndex(len(f), name="position"),
+    )
+    return pd.concat([out, f.drop(columns="angular_speed").set_index(out.index)], axis=1)
 
 
 def classify_dynamics(
@@ -188,9 +195,7 @@ def classify_dynamics(
     th = DynamicsThresholds(**thresholds)
     states, tail = _check_states(states, tail)
     feats, _ = _features(states, tail, th)
-    rows = [dict(token=i) | _row(f, _decide(f, th)) for i, f in enumerate(feats)]
-    columns = None if rows else ["token", "kind", *_KIND_COLUMNS, "final_step_size"]
-    return pd.DataFrame(rows, index=pd.RangeIndex(len(rows), name="position"), columns=columns)
+    return _table(feats, _decide(feats, th).astype(object))
 
 
 def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int = 8) -> np.ndarray:
@@ -211,8 +216,3 @@ def rotation_planes(
     `rotation_plane`."""
     states, tail = _check_states(states, tail)
     return _features(states, tail, DynamicsThresholds(n_components=n_components))[1]
-
-
-def thresholds_dict() -> dict[str, float]:
-    """The default thresholds as a plain dict (for display)."""
-    return asdict(DynamicsThresholds())
