@@ -29,12 +29,13 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _pack(block: SandwichBlock) -> Packed:
+    """A layer's weights; the q/k bias becomes the bias of the fused [Q; K; V] projection."""
     a, m = block.attn, block.mlp
-    n_heads, head_dim = a.n_heads, a.head_dim
+    qkv_bias = torch.cat([a.qk_bias.flatten(), a.qk_bias.new_zeros(a.n_heads * a.head_dim)])
     return (
         block.norm_1.weight,
         a.Wqkv.weight,
-        a.qk_bias.reshape(2 * n_heads, head_dim),
+        qkv_bias.to(a.Wqkv.weight.dtype),
         a.proj.weight,
         block.norm_2.weight,
         block.norm_3.weight,
@@ -58,6 +59,7 @@ class CachedForward:
         self.hooked = any(p.fns for p in model._hook_points.values()) if hooked is None else hooked
         self.h, self.n_heads, self.head_dim = cfg.n_embd, cfg.n_heads, cfg.head_dim
         self.eps = cfg.norm_eps
+        self._hshape = (cfg.n_embd,)
         t = model.transformer
         self.prelude_layers = [_pack(b) for b in t.prelude]
         self.core_layers = [_pack(b) for b in t.core_block]
@@ -74,38 +76,51 @@ class CachedForward:
         self.wte = t.wte.weight
         self.head = model.lm_head.weight
         self.ln_f = t.ln_f.weight
-        self.freqs = model.rope_at(0, cfg.block_size)  # complex64 (block_size, head_dim // 2)
-        self._freqs = self.freqs[:1, None]
-        self._rope = self.freqs[:1]
+        self.fp32 = model.dtype == torch.float32
+        # RoPE for [Q; K; V] heads at once: values are multiplied by exactly 1 + 0i
+        self._ones = torch.ones(1, self.n_heads, self.head_dim // 2, dtype=torch.complex64,
+                                device=model.device)  # fmt: skip
+        self._rope = model.rope_at(0, 1)
+        self._freqs = self._ones
 
     def begin(self, start: int, length: int) -> None:
         """Set the positions the next chunk writes (checks the context length)."""
         self._rope = self.model.rope_at(start, length)
         self.cache.begin(start, length)
-        self._freqs = self._rope[:, None]
+        H, half = self.n_heads, self.head_dim // 2
+        self._freqs = torch.cat(
+            [self._rope[:, None].expand(length, 2 * H, half), self._ones.expand(length, H, half)],
+            dim=1,
+        )
 
     # Fast path ----------------------------------------------------------------------------------
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fp32:
+            return F.rms_norm(x, self._hshape, weight, self.eps)
+        return _rms(x, weight, self.eps)
+
     def _layer(self, x: torch.Tensor, p: Packed, slot: int) -> torch.Tensor:
-        w1, wqkv, qk_bias, wo, w2, w3, wfc, wdown, w4 = p
+        """One sandwich block over the chunk, reading and writing cache slot ``slot``."""
+        w1, wqkv, qkv_bias, wo, w2, w3, wfc, wdown, w4 = p
         B, T, h = x.shape
-        H, D, eps, c = self.n_heads, self.head_dim, self.eps, self.cache
-        qkv = F.linear(_rms(x, w1, eps), wqkv)
-        qk = (qkv[..., : 2 * h].view(B, T, 2 * H, D) + qk_bias).float()
-        qk = torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (D // 2, 2))) * self._freqs)
-        qk = qk.flatten(-2).type_as(x)
-        kbuf, vbuf = c.k_slots[slot], c.v_slots[slot]
-        kbuf[:, :, c.start : c.end] = qk[:, :, H:].transpose(1, 2)
-        vbuf[:, :, c.start : c.end] = qkv[..., 2 * h :].view(B, T, H, D).transpose(1, 2)
+        H, D, c = self.n_heads, self.head_dim, self.cache
+        qkv = F.linear(self._norm(x, w1), wqkv, qkv_bias).view(B, T, 3 * H, D // 2, 2)
+        if not self.fp32:
+            qkv = qkv.float()
+        qkv = torch.view_as_real(torch.view_as_complex(qkv) * self._freqs).view(B, T, 3 * H, D)
+        if not self.fp32:
+            qkv = qkv.to(x.dtype)
+        c.kv_slots[slot][:, c.start : c.end] = qkv[:, :, H:]
         y = F.scaled_dot_product_attention(
-            qk[:, :, :H].transpose(1, 2),
-            kbuf[:, :, : c.end],
-            vbuf[:, :, : c.end],
+            qkv[:, :, :H].transpose(1, 2),
+            c.k_slots[slot][:, :, : c.end],
+            c.v_slots[slot][:, :, : c.end],
             attn_mask=c.mask,
             is_causal=c.is_causal,
         )
-        x = _rms(F.linear(y.transpose(1, 2).reshape(B, T, h), wo) + x, w2, eps)
-        gate, up = F.linear(_rms(x, w3, eps), wfc).chunk(2, dim=-1)
-        return _rms(F.linear(F.silu(gate) * up, wdown) + x, w4, eps)
+        x = self._norm(F.linear(y.transpose(1, 2).reshape(B, T, h), wo) + x, w2)
+        gate, up = F.linear(self._norm(x, w3), wfc).chunk(2, dim=-1)
+        return self._norm(F.linear(F.silu(gate) * up, wdown) + x, w4)
 
     # The pieces ---------------------------------------------------------------------------------
     def prelude(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -145,10 +160,10 @@ class CachedForward:
         if self.hooked:
             logits, latents = self.model.coda(state, self._rope, self.cache)
             return (logits[:, -1:] if last_only else logits), latents
-        latents = _rms(state, self.ln_f, self.eps)
+        latents = self._norm(state, self.ln_f)
         x = latents
         for p, slot in zip(self.coda_layers, self.coda_slots):
             x = self._layer(x, p, slot)
         if last_only:
             x = x[:, -1:]
-        return F.linear(_rms(x, self.ln_f, self.eps), self.head).float(), latents
+        return F.linear(self._norm(x, self.ln_f), self.head).float(), latents

@@ -5,8 +5,9 @@ Layer-call indices follow the reference implementation: prelude layer i -> i, co
 slots per token, core index c is stored in slot (c − l_P) mod N + l_P, so later iterations overwrite
 older ones; a budget ≥ l_R·max_steps is the full cache.
 
-Keys and values live in two tensors of shape (slots, B, heads, max_length, head_dim) allocated once;
-each forward chunk writes its positions in place and attends over the filled prefix (views, no copies).
+Keys and values live in one tensor of shape (slots, B, max_length, 2·heads, head_dim) allocated once
+(keys in the first ``heads`` rows, values in the rest, so one copy stores both); each forward chunk
+writes its positions in place and attends over the filled prefix through (B, heads, T, head_dim) views.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ class KVCache:
         full = self.n_core * max_steps
         self.core_slots = full if budget is None else min(int(budget), full)
         n_slots = self.n_prelude + self.core_slots + self.n_coda
-        shape = (n_slots, batch_size, config.n_heads, max_length, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.k_slots = list(self.k.unbind(0))
-        self.v_slots = list(self.v.unbind(0))
+        H = config.n_heads
+        shape = (n_slots, batch_size, max_length, 2 * H, config.head_dim)
+        self.kv = torch.zeros(shape, device=device, dtype=dtype)
+        self.kv_slots = list(self.kv.unbind(0))  # (B, L, 2H, D) per slot, written in place
+        self.k_slots = [kv[:, :, :H].transpose(1, 2) for kv in self.kv_slots]  # (B, H, L, D)
+        self.v_slots = [kv[:, :, H:].transpose(1, 2) for kv in self.kv_slots]
         self.key_valid: torch.Tensor | None = None
         self.start = 0
         self.end = 0
@@ -68,7 +70,7 @@ class KVCache:
     @property
     def memory_bytes(self) -> int:
         """Bytes held by the key and value tensors."""
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.kv.numel() * self.kv.element_size()
 
     def physical(self, index: int) -> int:
         """The storage slot of layer call ``index`` (prelude i, core l_P + …, coda negative)."""
@@ -93,13 +95,13 @@ class KVCache:
     def set_padding(self, attention_mask: torch.Tensor) -> None:
         """Mark pad positions of the prompt (attention_mask (B, T), 0 = pad); later ones are real."""
         B, T = attention_mask.shape
-        if B != self.k.shape[1] or T > self.max_length:
+        if B != self.kv.shape[1] or T > self.max_length:
             raise ValueError(
                 f"attention_mask of shape {tuple(attention_mask.shape)} does not fit a cache for "
-                f"{self.k.shape[1]} rows and {self.max_length} positions"
+                f"{self.kv.shape[1]} rows and {self.max_length} positions"
             )
-        valid = torch.ones(B, self.max_length, dtype=torch.bool, device=self.k.device)
-        valid[:, :T] = attention_mask.to(device=self.k.device).bool()
+        valid = torch.ones(B, self.max_length, dtype=torch.bool, device=self.kv.device)
+        valid[:, :T] = attention_mask.to(device=self.kv.device).bool()
         self.key_valid = None if bool(valid.all()) else valid
 
     def begin(self, start: int, length: int) -> None:
@@ -126,7 +128,7 @@ class KVCache:
         if valid is not None and length == 1:
             self.mask = valid[:, None, None, :end]
             return
-        device = self.k.device
+        device = self.kv.device
         query_pos = torch.arange(start, end, device=device)[:, None]
         key_pos = torch.arange(end, device=device)[None, :]
         mask = key_pos <= query_pos
@@ -150,19 +152,13 @@ class KVCache:
             if r < 1:
                 raise ValueError(f"row {b} exited after {r} iterations; at least 1 is required")
             if not self.shared:
-                for buf in (self.k, self.v):
-                    core = buf[P : P + l_R * S].unflatten(0, (S, l_R))
-                    core[r:, :, b, :, position] = core[r - 1, :, b, :, position]
+                core = self.kv[P : P + l_R * S].unflatten(0, (S, l_R))
+                core[r:, :, b, position] = core[r - 1, :, b, position]
                 continue
-            src = [self.core_slot(r, j) for j in range(l_R)]
-            saved = [
-                (self.k[s, b, :, position].clone(), self.v[s, b, :, position].clone()) for s in src
-            ]
+            saved = [self.kv[self.core_slot(r, j), b, position].clone() for j in range(l_R)]
             for step in range(r + 1, S + 1):
-                for j, (k, v) in enumerate(saved):
-                    slot = self.core_slot(step, j)
-                    self.k[slot, b, :, position] = k
-                    self.v[slot, b, :, position] = v
+                for j, entry in enumerate(saved):
+                    self.kv[self.core_slot(step, j), b, position] = entry
 
     def slot(self, index: int) -> CacheSlot:
         """A :class:`~recurrent_model.layers.KVCacheSlot` for the model's own layers (hooked path)."""
