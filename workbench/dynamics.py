@@ -36,7 +36,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from .dynamics_features import convergence_features, drift_features, tail_pca
-from .dynamics_rotation import rotation_fit
+from .dynamics_rotation import plane_bases, rotation_fit
 
 KINDS = ("fixed_point", "orbit", "slider", "other")
 MIN_TAIL = 8
@@ -128,26 +128,32 @@ def _decide(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
 
 
 def _features(
-    states: np.ndarray, tail: int, th: DynamicsThresholds, chunk_bytes: int = 64 << 20
-) -> tuple[pd.DataFrame, np.ndarray]:
-    """Diagnostic numbers of every token's tail (one row each) and the rotation planes (T, 2, h).
+    states: np.ndarray,
+    tail: int,
+    th: DynamicsThresholds,
+    planes: bool = False,
+    chunk_bytes: int = 64 << 20,
+) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """Diagnostic numbers of every token's tail (one row each) and, if `planes`, the rotation
+    planes (T, 2, h).
 
     Tails are converted to float64 and processed in batches of tokens of at most `chunk_bytes`, so
     memory stays bounded at any width.
     """
-    frames, planes = [], []
+    frames, bases = [], []
     chunk = max(1, min(256, chunk_bytes // (8 * (tail + 1) * states.shape[2])))
     # one BLAS thread: these are many small matrices, and threads oversubscribe shared CPUs
     with threadpool_limits(1):
         for start in range(0, max(states.shape[1], 1), chunk):
             tails = np.swapaxes(states[-tail - 1 :, start : start + chunk], 0, 1).astype(np.float64)
-            scores, comps, total = tail_pca(tails, th.n_components)
-            rot = rotation_fit(scores, comps, total)
-            planes.append(rot.plane)
+            pca = tail_pca(tails, th.n_components)
+            rot = rotation_fit(pca.scores, pca.total)
+            if planes:
+                bases.append(plane_bases(rot, pca.components(tails)))
             frames.append(
                 pd.DataFrame(
-                    convergence_features(tails, scores)
-                    | drift_features(tails, scores)
+                    convergence_features(tails, pca)
+                    | drift_features(pca)
                     | dict(
                         angular_speed=rot.omega,
                         revolutions=rot.omega * tail / (2 * np.pi),
@@ -159,7 +165,7 @@ def _features(
                     )
                 )
             )
-    return pd.concat(frames, ignore_index=True), np.concatenate(planes)
+    return pd.concat(frames, ignore_index=True), np.concatenate(bases) if planes else None
 
 
 def _table(f: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
@@ -205,8 +211,8 @@ def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int 
     single-frequency fit.
     """
     states, tail = _check_states(np.asarray(traj)[:, None, :], tail)
-    _, planes = _features(states, tail, DynamicsThresholds(n_components=n_components))
-    return planes[0]
+    th = DynamicsThresholds(n_components=n_components)
+    return _features(states, tail, th, planes=True)[1][0]
 
 
 def rotation_planes(
@@ -215,4 +221,4 @@ def rotation_planes(
     """Rotation plane bases (T, 2, h) of every token of states (steps + 1, T, h); see
     `rotation_plane`."""
     states, tail = _check_states(states, tail)
-    return _features(states, tail, DynamicsThresholds(n_components=n_components))[1]
+    return _features(states, tail, DynamicsThresholds(n_components=n_components), planes=True)[1]

@@ -7,6 +7,8 @@ of tails (T, W + 1, h) and returns one number per token. The rotation fit lives 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 _TINY = 1e-30
@@ -18,22 +20,44 @@ def _safe_ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:
     return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=den > 0)
 
 
-def tail_pca(tails: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-token PCA of tails (T, W + 1, h) through the (W + 1)² Gram matrix (cheap for large h).
+@dataclass(frozen=True)
+class TailPCA:
+    """Per-token PCA of tails (T, n, h), n = W + 1, through the n × n Gram matrix of the centred
+    tail (cheap for large h): `gram` (T, n, n), top-k `scores` (T, n, k), `total` variance (T,),
+    and `weights` (T, n, k) with components = weightsᵀ · tail (see `components`)."""
 
-    Returns scores (T, W + 1, k), unit components (T, k, h) and total variance (T,); components of
-    zero variance are zero.
-    """
+    gram: np.ndarray
+    scores: np.ndarray
+    weights: np.ndarray
+    total: np.ndarray
+
+    def components(self, tails: np.ndarray) -> np.ndarray:
+        """Unit principal directions (T, k, h); zero for components of zero variance.
+
+        The weights are orthogonal to the constant vector, so the uncentred tails give the same."""
+        return np.swapaxes(self.weights, 1, 2) @ tails
+
+
+def tail_pca(tails: np.ndarray, k: int) -> TailPCA:
+    """PCA of each token's tail (T, n, h), keeping k components."""
     centred = tails - tails.mean(axis=1, keepdims=True)
     gram = centred @ np.swapaxes(centred, 1, 2)
     evals, evecs = np.linalg.eigh(gram)
     evals, evecs = np.clip(evals[:, ::-1][:, :k], 0, None), evecs[:, :, ::-1][:, :, :k]
     sd = np.sqrt(evals)
     keep = sd > 1e-9 * np.maximum(sd[:, :1], _TINY)
-    scores = evecs * (sd * keep)[:, None, :]
     inv = np.divide(1.0, sd, out=np.zeros_like(sd), where=keep)
-    components = np.swapaxes(evecs * inv[:, None, :], 1, 2) @ centred
-    return scores, components, np.trace(gram, axis1=1, axis2=2)
+    return TailPCA(
+        gram=gram,
+        scores=evecs * (sd * keep)[:, None, :],
+        weights=evecs * inv[:, None, :],
+        total=np.trace(gram, axis1=1, axis2=2),
+    )
+
+
+def _sq_norms(x: np.ndarray) -> np.ndarray:
+    """Squared norms along the last axis, without a temporary of x's size."""
+    return np.einsum("...h,...h->...", x, x)
 
 
 def _times(n: int) -> np.ndarray:
@@ -73,9 +97,9 @@ def _chunk_motion(points: np.ndarray, steps: np.ndarray, chunks: int) -> tuple[n
 
 
 def convergence_features(
-    tails: np.ndarray, scores: np.ndarray, last: int = 4, chunks: int = 4
+    tails: np.ndarray, pca: TailPCA, last: int = 4, chunks: int = 4
 ) -> dict[str, np.ndarray]:
-    """Step-size measurements (each (T,)) of tails (T, W + 1, h) with their top PC scores.
+    """Step-size measurements (each (T,)) of tails (T, W + 1, h) with their PCA.
 
     `final_step_size` ‖x_r − x_{r−1}‖/‖x_r‖ and `tail_relative_step` (median of the last `last`);
     `contraction` = exp(slope) of a least-squares line through the log step norms measured in the
@@ -84,35 +108,38 @@ def convergence_features(
     mean / mean norm; `settling_ratio`, `chunk_shrink` and `chunk_contraction` (see `_chunk_motion`,
     `chunks` chunks) come from the top-3 PC scores too.
     """
-    steps = np.linalg.norm(np.diff(tails, axis=1), axis=2)
-    norms = np.linalg.norm(tails[:, 1:], axis=2)
+    steps = np.sqrt(_sq_norms(np.diff(tails, axis=1)))  # direct: exact even for tiny steps
+    norms = np.sqrt(_sq_norms(tails[:, 1:]))
     rel = _safe_ratio(steps, norms)
-    top = scores[:, :, :3]
+    top = pca.scores[:, :, :3]
     top_steps = np.linalg.norm(np.diff(top, axis=1), axis=2)
     slope, fit = _log_slope(top_steps)
-    spread_sq = np.mean(np.sum((tails - tails.mean(axis=1, keepdims=True)) ** 2, axis=2), axis=1)
     settling, shrink, chunk_contraction = _chunk_motion(top, top_steps, chunks)
     return dict(
         final_step_size=rel[:, -1],
         tail_relative_step=np.median(rel[:, -last:], axis=1),
         contraction=np.exp(slope),
         contraction_fit=fit,
-        spread=_safe_ratio(np.sqrt(spread_sq), norms.mean(axis=1)),
+        spread=_safe_ratio(np.sqrt(pca.total / tails.shape[1]), norms.mean(axis=1)),
         settling_ratio=settling,
         chunk_shrink=shrink,
         chunk_contraction=chunk_contraction,
     )
 
 
-def _coarse_straightness(points: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Net displacement / path length of points (T, n, d) sampled at indices idx."""
-    coarse = points[:, idx]
-    path = np.sum(np.linalg.norm(np.diff(coarse, axis=1), axis=2), axis=1)
-    return _safe_ratio(np.linalg.norm(coarse[:, -1] - coarse[:, 0], axis=1), path)
+def _gram_distances(gram: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """‖x_i − x_j‖ (T, len(i)) from the centred Gram matrices (T, n, n)."""
+    diag = np.diagonal(gram, axis1=1, axis2=2)
+    sq = diag[:, i] + diag[:, j] - 2 * gram[:, i, j]
+    return np.sqrt(np.clip(sq, 0, None))
 
 
-def drift_features(tails: np.ndarray, scores: np.ndarray, chunks: int = 8) -> dict[str, np.ndarray]:
-    """Directional drift of tails (T, W + 1, h): velocity, its variance share, straightness.
+def _straightness(dist: np.ndarray, net: np.ndarray) -> np.ndarray:
+    return _safe_ratio(net, np.sum(dist, axis=1))
+
+
+def drift_features(pca: TailPCA, chunks: int = 8) -> dict[str, np.ndarray]:
+    """Directional drift of each tail from its PCA (Gram matrix): velocity, share, straightness.
 
     `drift_velocity_norm` = ‖β‖ of x_t ≈ x̄ + β (t − t̄) (distance per step); `drift_variance_share` =
     the share of tail variance along β; `straightness` = net displacement / path length, the path
@@ -120,16 +147,23 @@ def drift_features(tails: np.ndarray, scores: np.ndarray, chunks: int = 8) -> di
     scores about 1/sqrt(chunks), a straight drift 1); `pc_straightness` the same in the top-3 PC
     space, where i.i.d. noise is mostly projected out.
     """
-    n = tails.shape[1]
+    n = pca.gram.shape[1]
     t = _times(n)
-    centred = tails - tails.mean(axis=1, keepdims=True)
-    beta = np.einsum("n,tnh->th", t, centred) / np.sum(t**2)
-    speed = np.linalg.norm(beta, axis=1)
-    along = np.einsum("tnh,th->tn", centred, _safe_ratio(beta, speed[:, None]))
+    norm_t = np.sum(t**2)
+    g_t = pca.gram @ t  # (T, n): c_s · Σ_t t c_t
+    speed_sq = g_t @ t / norm_t**2
+    speed = np.sqrt(np.clip(speed_sq, 0, None))
+    along_sq = _safe_ratio(np.sum(g_t**2, axis=1), norm_t**2 * speed_sq)
     idx = np.unique(np.r_[np.arange(0, n, max(1, (n - 1) // chunks)), n - 1])
+    ends = (np.array([0]), np.array([n - 1]))
+    coarse = pca.scores[:, idx, :3]
+    top_path = np.linalg.norm(np.diff(coarse, axis=1), axis=2)
+    top_net = np.linalg.norm(coarse[:, -1] - coarse[:, 0], axis=1)
     return dict(
-        pc_straightness=_coarse_straightness(scores[:, :, :3], idx),
+        pc_straightness=_straightness(top_path, top_net),
         drift_velocity_norm=speed,
-        drift_variance_share=_safe_ratio(np.sum(along**2, axis=1), np.sum(centred**2, axis=(1, 2))),
-        straightness=_coarse_straightness(tails, idx),
+        drift_variance_share=_safe_ratio(along_sq, pca.total),
+        straightness=_straightness(
+            _gram_distances(pca.gram, idx[:-1], idx[1:]), _gram_distances(pca.gram, *ends)[:, 0]
+        ),
     )

@@ -18,14 +18,15 @@ _TINY = 1e-30
 
 @dataclass(frozen=True)
 class RotationFit:
-    """Per-token results (arrays of shape (T,), `plane` (T, 2, h)).
+    """Per-token results (arrays of shape (T,) unless stated).
 
     `omega` rad/step; `share` the fraction of the tail's total variance the fit explains; `aspect`
     the ellipse's minor/major axis ratio; `angle_speed` the median per-step advance of the angle in
     the fitted ellipse's own coordinates; `consistency` the fraction of steps advancing within 50 %
     of ω; `radial_trend` the per-step growth ratio of the radius in those coordinates (1 for a steady
-    orbit, q for a spiral converging as q^t); `plane` an orthonormal basis of span(a, b) in R^h.
-    Tokens whose tail does not move get NaN ω and a zero plane.
+    orbit, q for a spiral converging as q^t); `axes` (T, k, 2) the ellipse axes a, b in PC
+    coordinates (see `plane_bases`); `moving` whether the tail moves at all (tokens that do not
+    get NaN ω).
     """
 
     omega: np.ndarray
@@ -34,7 +35,8 @@ class RotationFit:
     consistency: np.ndarray
     radial_trend: np.ndarray
     aspect: np.ndarray
-    plane: np.ndarray
+    axes: np.ndarray
+    moving: np.ndarray
 
 
 def _times(n: int) -> np.ndarray:
@@ -144,8 +146,8 @@ def _growth(values: np.ndarray) -> np.ndarray:
     return np.exp((logs - logs.mean(axis=1, keepdims=True)) @ t / np.sum(t**2))
 
 
-def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: np.ndarray) -> RotationFit:
-    """Fit each token's dominant rotation from its top PC scores (T, n, k) and components (T, k, h)."""
+def rotation_fit(scores: np.ndarray, total_var: np.ndarray) -> RotationFit:
+    """Fit each token's dominant rotation from its top PC scores (T, n, k) and total variance."""
     y = scores - scores.mean(axis=1, keepdims=True)
     omega = dominant_frequency(y)
     coef, _ = _fit(y, omega)
@@ -155,7 +157,6 @@ def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: np.ndarr
     sv = np.linalg.svd(axes, compute_uv=False)
     coords = (y - centre[:, None]) @ np.swapaxes(np.linalg.pinv(axes), 1, 2)
     angle_speed, consistency = _angle_stats(coords, omega)
-    plane, _ = np.linalg.qr(np.swapaxes(components, 1, 2) @ axes)
     moving = (total_var > 0) & np.any(y != 0, axis=(1, 2))
     nan = np.where(moving, 1.0, np.nan)
     return RotationFit(
@@ -165,5 +166,13 @@ def rotation_fit(scores: np.ndarray, components: np.ndarray, total_var: np.ndarr
         consistency=consistency * moving,
         radial_trend=_growth(np.linalg.norm(coords, axis=2)) * nan,
         aspect=np.divide(sv[:, -1], sv[:, 0], out=np.zeros(len(sv)), where=sv[:, 0] > 0),
-        plane=np.swapaxes(plane, 1, 2) * moving[:, None, None],
+        axes=axes,
+        moving=moving,
     )
+
+
+def plane_bases(fit: RotationFit, components: np.ndarray) -> np.ndarray:
+    """Orthonormal bases (T, 2, h) of span(a, b) in R^h given the PC directions (T, k, h); zero
+    for tokens that do not move."""
+    plane, _ = np.linalg.qr(np.swapaxes(components, 1, 2) @ fit.axes)
+    return np.swapaxes(plane, 1, 2) * fit.moving[:, None, None]
