@@ -85,7 +85,7 @@ class DistributedSection:
     """How ranks share gradients: ddp, fsdp (FSDP2 fully_shard) or bucketed (the recipe's all-reduce)."""
 
     strategy: str = "ddp"
-    bucket_mb: int = 64
+    bucket_mb: float = 64.0
     timeout_minutes: int = 30
 
 
@@ -171,6 +171,8 @@ class TrainConfig:
         for key in ("max_steps", "micro_batch_size", "grad_accum", "checkpoint_every", "log_every"):
             if int(getattr(t, key)) < 1:
                 raise TrainConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+        if d.bucket_mb <= 0:
+            raise TrainConfigError(f"distributed.bucket_mb must be > 0, got {d.bucket_mb}")
         if t.keep_last < 1:
             raise TrainConfigError(f"train.keep_last must be >= 1, got {t.keep_last}")
         if t.lr <= 0:
@@ -218,7 +220,10 @@ def _coerce(section_cls: type, section: str, values: dict[str, Any]) -> dict[str
         if isinstance(default, (int, float)) and isinstance(value, (str, int, float)):
             kind = float if isinstance(default, float) else int
             try:
-                out[key] = kind(value)
+                number = float(value)
+                if kind is int and not number.is_integer():
+                    raise ValueError
+                out[key] = kind(number)
             except ValueError:
                 raise TrainConfigError(
                     f"{section}.{key}={value!r} is not a {kind.__name__}"

@@ -67,6 +67,10 @@ def strip_nproc(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     raw_argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(raw_argv)
+    if args.nproc and args.nproc > 1 and "RANK" not in os.environ and not args.slurm_script:
+        from pretrain.distributed import relaunch_with_torchrun  # the ranks read the config
+
+        return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv))
     try:
         config = load_config(args.config, args.overrides)
     except TrainConfigError as exc:
@@ -77,10 +81,6 @@ def main(argv: list[str] | None = None) -> int:
 
         print(sbatch_script(config, args.config, args.overrides), end="")
         return 0
-    if args.nproc and args.nproc > 1 and "RANK" not in os.environ:
-        from pretrain.distributed import relaunch_with_torchrun
-
-        return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv))
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     return train(config, out, resume=args.resume, max_steps=args.max_steps)
 

@@ -234,7 +234,9 @@ class Trainer:
             total_loss += loss.detach()
         if self.ctx.distributed and self.config.distributed.strategy == "bucketed":
             bucketed_all_reduce(
-                self.params, self.ctx.world_size, self.config.distributed.bucket_mb * 1024 * 1024
+                self.params,
+                self.ctx.world_size,
+                int(self.config.distributed.bucket_mb * 1024 * 1024),
             )
         grad_norm = global_grad_norm(self.params)
         lr = self.schedule.apply(self.optimizer, self.step)
