@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+import re
+from collections.abc import Mapping, MutableMapping
 
 import torch
 
@@ -30,7 +31,7 @@ def frontier_environment(
     ``cache_root`` to avoid lock contention on the shared file system.
     """
     env = {
-        "LD_LIBRARY_PATH": f"{ofi_rccl_lib}:${{LD_LIBRARY_PATH}}",
+        "LD_LIBRARY_PATH": f"{ofi_rccl_lib}:${{LD_LIBRARY_PATH:-}}",
         "NCCL_SOCKET_IFNAME": "hsn",
         "NCCL_CROSS_NIC": "1",
         "FI_CXI_ATS": "0",
@@ -47,6 +48,15 @@ def frontier_environment(
     return env
 
 
+def _expand(value: str, environ: Mapping[str, str]) -> str:
+    """Expand $NAME, ${NAME} and ${NAME:-} from ``environ`` (unset names become empty)."""
+    return re.sub(
+        r"\$\{(\w+)(?::-)?\}|\$(\w+)",
+        lambda m: environ.get(m.group(1) or m.group(2), ""),
+        value,
+    )
+
+
 def set_frontier_environment(
     environ: MutableMapping[str, str] | None = None, **kwargs: object
 ) -> dict[str, str]:
@@ -57,7 +67,6 @@ def set_frontier_environment(
     for key, value in frontier_environment(**kwargs).items():  # type: ignore[arg-type]
         if key in environ and key != "LD_LIBRARY_PATH":
             continue
-        expanded = os.path.expandvars(value)
-        environ[key] = expanded.rstrip(":")
+        environ[key] = _expand(value, environ).rstrip(":")
         applied[key] = environ[key]
     return applied
