@@ -42,7 +42,7 @@ def resolve_checkpoint(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_absolute() and not path.exists():
         path = REPO_ROOT / path
-    return path
+    return path.resolve()
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ import torch
 
 from apps import inputs
 from apps.fallback_model import (
+    DEFAULT_CHECKPOINT,
     FALLBACK_CONTEXT,
     byte_level_tokenizer,
     fallback_model,
@@ -87,7 +88,8 @@ def test_encode_input_prompt_chat_and_errors():
 
 
 def test_resolve_checkpoint(tmp_path):
-    assert inputs.resolve_checkpoint(str(tmp_path)) == tmp_path
-    assert inputs.resolve_checkpoint("checkpoints/default").parts[-2:] == ("checkpoints", "default")
+    assert inputs.resolve_checkpoint(str(tmp_path)) == tmp_path.resolve()
+    assert inputs.resolve_checkpoint("checkpoints/default") == DEFAULT_CHECKPOINT.resolve()
+    assert inputs.resolve_checkpoint(f"{tmp_path}/x/../y") == tmp_path.resolve() / "y"
     with pytest.raises(inputs.InputError):
         inputs.resolve_checkpoint("  ")
