@@ -112,13 +112,14 @@ class CachedForward:
             qkv = qkv.to(x.dtype)
         c.kv_slots[slot][:, c.start : c.end] = qkv[:, :, H:]
         y = F.scaled_dot_product_attention(
-            qkv[:, :, :H].transpose(1, 2),
+            qkv.as_strided((B, H, T, D), (T * 3 * H * D, D, 3 * H * D, 1)),  # queries
             c.k_slots[slot][:, :, : c.end],
             c.v_slots[slot][:, :, : c.end],
             attn_mask=c.mask,
             is_causal=c.is_causal,
         )
-        x = self._norm(F.linear(y.transpose(1, 2).reshape(B, T, h), wo) + x, w2)
+        y = y.view(B, T, h) if T == 1 else y.transpose(1, 2).reshape(B, T, h)
+        x = self._norm(F.linear(y, wo) + x, w2)
         gate, up = F.linear(self._norm(x, w3), wfc).chunk(2, dim=-1)
         return self._norm(F.linear(F.silu(gate) * up, wdown) + x, w4)
 
