@@ -232,3 +232,19 @@ def test_any_huginn_layout_directory_opens(tmp_path):
     assert not at.warning  # not the random stand-in banner
     assert any("Model **saved-tiny**" in c.value for c in at.caption)
     assert "pc_pairs" in chart_keys(at)
+
+
+def test_views_that_need_more_say_so():
+    at = open_app(steps=5, seeds="0")
+    show(at, "Path independence")
+    assert_clean(at)
+    assert "at least two" in at.info[0].value and not at.get("plotly_chart")
+    show(at, "Dynamics")
+    assert "at least 8 steps" in at.info[0].value and not at.get("plotly_chart")
+    at.number_input(key="steps").set_value(8)
+    at.text_input(key="seeds").set_value("0, 1")
+    at.number_input(key="init_scale").set_value(0.0).run()  # s_0 = 0: one run whatever the seeds
+    assert_clean(at)
+    assert "rotation" in chart_keys(at)
+    show(at, "Path independence")
+    assert "at least two" in at.info[0].value
