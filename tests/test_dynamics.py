@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.decomposition import PCA
 
 from workbench import classify_dynamics
 from workbench.dynamics import KINDS, default_tail, rotation_plane, rotation_planes
+from workbench.dynamics_features import drift_features, tail_pca
 from workbench.synthetic import SUBTYPES, make_benchmark, make_set, rms_normalise
 
 H = 64
@@ -215,3 +217,26 @@ def test_no_tokens_gives_an_empty_frame() -> None:
     df = classify_dynamics(np.zeros((33, 0, H)))
     assert len(df) == 0 and {"kind", "period", "final_step_size"} <= set(df.columns)
     assert rotation_planes(np.zeros((33, 0, H))).shape == (0, 2, H)
+
+
+def test_gram_based_features_match_direct_computation() -> None:
+    rng = np.random.default_rng(12)
+    tails = np.cumsum(rng.standard_normal((3, 33, H)), axis=1)
+    pca = tail_pca(tails, 8)
+    centred = tails - tails.mean(axis=1, keepdims=True)
+    # PCA: scores reproduce the projections on the top components, total variance is exact
+    comps = pca.components(tails)
+    assert np.allclose(pca.scores, centred @ np.swapaxes(comps, 1, 2))
+    assert np.allclose(pca.total, np.sum(centred**2, axis=(1, 2)))
+    top = PCA(8).fit(centred[0])
+    assert np.allclose(np.abs(comps[0]), np.abs(top.components_), atol=1e-8)
+    # drift: least-squares velocity and coarse straightness, recomputed directly
+    f = drift_features(pca)
+    t = np.arange(33) - 16.0
+    beta = np.einsum("n,tnh->th", t, centred) / np.sum(t**2)
+    assert np.allclose(f["drift_velocity_norm"], np.linalg.norm(beta, axis=1))
+    idx = np.arange(0, 33, 4)
+    coarse = tails[:, idx]
+    path = np.linalg.norm(np.diff(coarse, axis=1), axis=2).sum(axis=1)
+    net = np.linalg.norm(coarse[:, -1] - coarse[:, 0], axis=1)
+    assert np.allclose(f["straightness"], net / path)
