@@ -41,7 +41,7 @@ def load(path: str, device: str, dtype: str, signature: str) -> recurrent_model.
     """The model at ``path`` (the labelled random stand-in when the default has no checkpoint)."""
     del signature  # part of the cache key only
     if Path(path) == DEFAULT_CHECKPOINT and not (DEFAULT_CHECKPOINT / "config.json").is_file():
-        return default_model(device=device, dtype=dtype)
+        return default_model(None, device=device, dtype=dtype)
     return recurrent_model.load_model(path, device=device, dtype=dtype)
 
 

@@ -56,9 +56,14 @@ def is_fallback(model: RecurrentLM) -> bool:
 
 
 def default_model(
-    device: str | torch.device | None = None, dtype: str | torch.dtype | None = None
+    path: str | Path | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> RecurrentLM:
-    """``checkpoints/default`` when it holds a checkpoint, else the labelled random stand-in."""
+    """The checkpoint at ``path``; with None, ``checkpoints/default`` when it holds a checkpoint,
+    else the labelled random stand-in."""
+    if path is not None:
+        return load_model(path, device=device, dtype=dtype)
     if (DEFAULT_CHECKPOINT / "config.json").is_file():
         return load_model(DEFAULT_CHECKPOINT, device=device, dtype=dtype)
     model = fallback_model()
