@@ -240,3 +240,32 @@ def test_gram_based_features_match_direct_computation() -> None:
     path = np.linalg.norm(np.diff(coarse, axis=1), axis=2).sum(axis=1)
     net = np.linalg.norm(coarse[:, -1] - coarse[:, 0], axis=1)
     assert np.allclose(f["straightness"], net / path)
+
+
+@pytest.mark.parametrize("shape", ["limacon", "rounded_square"])
+def test_non_elliptic_closed_loops_are_orbits(shape: str) -> None:
+    rng = np.random.default_rng(13)
+    theta = 2 * np.pi * np.arange(97) / 19.0
+    if shape == "limacon":
+        loop = np.stack(
+            [np.cos(theta) + 0.5 * np.cos(2 * theta), np.sin(theta) + 0.5 * np.sin(2 * theta)], 1
+        )
+    else:
+        loop = (
+            np.sign(np.stack([np.cos(theta), np.sin(theta)], 1))
+            * np.abs(np.stack([np.cos(theta), np.sin(theta)], 1)) ** 0.3
+        )
+    traj = rng.standard_normal(H) + 2.0 * loop @ _plane(rng)
+    row = classify_dynamics(traj[:, None, :]).iloc[0]
+    assert row.kind == "orbit"
+    assert row.period == pytest.approx(19.0, rel=0.01)
+
+
+def test_figure_eight_is_not_an_orbit() -> None:
+    """A figure-eight closes but does not rotate: its angle goes back and forth."""
+    rng = np.random.default_rng(14)
+    theta = 2 * np.pi * np.arange(97) / 19.0
+    traj = rng.standard_normal(H) + 2.0 * np.stack([np.cos(theta), np.sin(2 * theta)], 1) @ _plane(
+        rng
+    )
+    assert classify_dynamics(traj[:, None, :]).kind.iloc[0] != "orbit"

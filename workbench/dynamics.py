@@ -7,8 +7,9 @@ numbers are turned into a kind, first match wins:
 2. orbit: the best single-frequency fit c + a cos ωt + b sin ωt of the tail's top PCs (ω from a
    spectral grid, refined, backfitted against a second rotation) explains ≥ `min_plane_share` of the
    tail variance, makes ≥ `min_revolutions` turns over the tail, is a true ellipse (minor/major ≥
-   `min_aspect`), the angle in the ellipse's own coordinates advances steadily (share of steps within
-   50 % of ω ≥ `min_angle_consistency`) at a median speed that agrees with the spectral ω within
+   `min_aspect`), the angle in the ellipse's own coordinates advances monotonically (share of
+   steps advancing forward by less than 3ω ≥ `min_angle_consistency`; closed non-elliptic loops
+   such as rounded squares or limaçons pass) at a mean speed that agrees with the spectral ω within
    `max_speed_mismatch`, and its radius does not shrink (per-step trend > `max_contraction`: a
    converging spiral is a fixed point). Near period 2 (ω > 0.9π) the ellipse degenerates to a
    flip-flop and only share and turns are required;
@@ -53,8 +54,8 @@ class DynamicsThresholds:
     min_plane_share: float = 0.5  # orbit: share of tail variance in the fitted rotation
     min_revolutions: float = 0.8  # orbit: turns over the tail
     min_aspect: float = 0.1  # orbit: minor/major axis of the ellipse
-    min_angle_consistency: float = 0.8  # orbit: share of steps advancing within 50 % of ω
-    max_speed_mismatch: float = 0.15  # orbit: |median angle step − spectral ω| / ω
+    min_angle_consistency: float = 0.8  # orbit: share of steps advancing by 0 … 3ω
+    max_speed_mismatch: float = 0.15  # orbit: |mean angle step − spectral ω| / ω
     min_straightness: float = 0.6  # slider: net displacement / coarse path length
     min_pc_straightness: float = 0.8  # slider: the same in the top-3 PC space (noise removed)
     max_settling_ratio: float = 1.0  # noisy fixed point: chunk-mean move / mean step

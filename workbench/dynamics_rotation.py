@@ -21,9 +21,9 @@ class RotationFit:
     """Per-token results (arrays of shape (T,) unless stated).
 
     `omega` rad/step; `share` the fraction of the tail's total variance the fit explains; `aspect`
-    the ellipse's minor/major axis ratio; `angle_speed` the median per-step advance of the angle in
-    the fitted ellipse's own coordinates; `consistency` the fraction of steps advancing within 50 %
-    of ω; `radial_trend` the per-step growth ratio of the radius in those coordinates (1 for a steady
+    the ellipse's minor/major axis ratio; `angle_speed` the mean per-step advance of the angle in
+    the fitted ellipse's own coordinates; `consistency` the fraction of steps advancing forward, by
+    less than 3ω; `radial_trend` the per-step growth ratio of the radius in those coordinates (1 for a steady
     orbit, q for a spiral converging as q^t); `axes` (T, k, 2) the ellipse axes a, b in PC
     coordinates (see `plane_bases`); `moving` whether the tail moves at all (tokens that do not
     get NaN ω).
@@ -132,11 +132,13 @@ def dominant_frequency(y: np.ndarray, rounds: int = 3) -> np.ndarray:
 
 
 def _angle_stats(coords: np.ndarray, omega: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Median angle advance per step and share of advances within 50 % of ω, per token."""
+    """Mean angle advance per step and the share of steps advancing forward (0 < advance < 3ω),
+    per token: a rotation along any convex-ish closed curve advances monotonically, not
+    necessarily uniformly (a rounded square speeds up at its corners)."""
     theta = np.arctan2(coords[..., 1], coords[..., 0])
     advance = np.angle(np.exp(1j * np.diff(theta, axis=1)))
-    off = np.abs(np.angle(np.exp(1j * (advance - omega[:, None]))))
-    return np.median(advance, axis=1), np.mean(off <= 0.5 * omega[:, None], axis=1)
+    forward = (advance > 0) & (advance < 3 * omega[:, None])
+    return np.mean(advance, axis=1), np.mean(forward, axis=1)
 
 
 def _growth(values: np.ndarray) -> np.ndarray:
