@@ -25,7 +25,12 @@ numbers are turned into a kind, first match wins:
 6. other (e.g. a random walk, or an orbit with too few turns in the tail).
 
 Angular speed is reported in (0, π]: a sampled rotation by ω and one by 2π − ω in the opposite sense
-are the same sequence, so periods are ≥ 2 steps. The tail should hold at least one period.
+are the same sequence, so periods are ≥ 2 steps. The period is steps per revolution of the dominant
+rotation (2π/ω); a loop that winds around its centre twice before closing (e.g. a trefoil whose
+second harmonic dominates) reports the winding, half its closure period. The tail should hold at
+least one period; with fewer turns an orbit is "other". Chaotic flows with a dominant rotation can
+look like an orbit over one or two turns: the diagnostic columns (`plane_variance_share`,
+`angle_consistency`, `revolutions`) say how clean a reported orbit is.
 """
 
 from __future__ import annotations
