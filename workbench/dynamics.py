@@ -211,7 +211,8 @@ def classify_dynamics(
 
 
 def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int = 8) -> np.ndarray:
-    """Orthonormal basis (2, h) of the dominant rotation plane of one token's trajectory (steps+1, h).
+    """Orthonormal basis (2, h) of the dominant rotation plane of one token's trajectory
+    (steps + 1, h).
 
     Meaningful when the token is classified as an orbit; for other kinds it is the plane of the best
     single-frequency fit.

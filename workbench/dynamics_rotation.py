@@ -23,8 +23,8 @@ class RotationFit:
     `omega` rad/step; `share` the fraction of the tail's total variance the fit explains; `aspect`
     the ellipse's minor/major axis ratio; `angle_speed` the mean per-step advance of the angle in
     the fitted ellipse's own coordinates; `consistency` the fraction of steps advancing forward, by
-    less than 3ω; `radial_trend` the per-step growth ratio of the radius in those coordinates (1 for a steady
-    orbit, q for a spiral converging as q^t); `axes` (T, k, 2) the ellipse axes a, b in PC
+    less than 3ω; `radial_trend` the per-step growth ratio of the radius in those coordinates (1 for
+    a steady orbit, q for a spiral converging as q^t); `axes` (T, k, 2) the ellipse axes a, b in PC
     coordinates (see `plane_bases`); `moving` whether the tail moves at all (tokens that do not
     get NaN ω).
     """

@@ -1,15 +1,18 @@
 """Synthetic latent trajectories with known dynamics, to validate `classify_dynamics`.
 
-Every trajectory lives in R^h around a random centre c with ‖c‖ = sqrt(h) (RMS 1, like ln_f output);
-sizes below (radii, speeds, noise) are fractions of ‖c‖. After optional isotropic Gaussian noise each
-state is RMS-normalised (x / rms(x)), as ln_f does without its weight.
+Every trajectory lives in R^h around a random centre c with ‖c‖ = sqrt(h) (RMS 1, like ln_f
+output); sizes below (radii, speeds) are fractions of ‖c‖. Isotropic Gaussian noise of per-coordinate
+std `noise` × rms(c) (levels 0, 1e-3, 3e-3, 1e-2) is added, then each state is RMS-normalised
+(x / rms(x)), as ln_f does without its weight.
 
-Kinds and subtypes (label `kind`, `subtype`, `period` = steps per revolution of the dominant rotation):
+Kinds and subtypes (labels `kind`, `subtype`, and `period` = steps per revolution of the dominant
+rotation):
   orbit:       circle, ellipse, quasi (two planes, the second with 20–60 % of the amplitude);
-               all preceded by a converging transient.
-  slider:      line, curved (direction bends up to ~50°), wobble (line + a small rotation).
+               radius 5–30 %, period 4–60 steps, all preceded by a converging transient.
+  slider:      line, curved (direction bends up to ~50°), wobble (line + a small rotation);
+               speed 0.3–0.8 % per step.
   fixed_point: fast (contraction 0.5–0.8 per step), slow (0.88–0.95), spiral (damped rotation).
-  other:       walk (Gaussian random walk).
+  other:       walk (Gaussian random walk, steps 0.5–2 %).
 """
 
 from __future__ import annotations
