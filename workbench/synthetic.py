@@ -1,9 +1,9 @@
 """Synthetic latent trajectories with known dynamics, to validate `classify_dynamics`.
 
 Every trajectory lives in R^h around a random centre c with ‖c‖ = sqrt(h) (RMS 1, like ln_f
-output); sizes below (radii, speeds) are fractions of ‖c‖. Isotropic Gaussian noise of per-coordinate
-std `noise` × rms(c) (levels 0, 1e-3, 3e-3, 1e-2) is added, then each state is RMS-normalised
-(x / rms(x)), as ln_f does without its weight.
+output); sizes below (radii, speeds) are fractions of ‖c‖. Isotropic Gaussian noise of
+per-coordinate std `noise` × rms(c) (levels 0, 1e-3, 3e-3, 1e-2) is added, then each state is
+RMS-normalised (x / rms(x)), as ln_f does without its weight.
 
 Kinds and subtypes (labels `kind`, `subtype`, and `period` = steps per revolution of the dominant
 rotation):
