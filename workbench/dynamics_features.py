@@ -144,8 +144,8 @@ def drift_features(pca: TailPCA, chunks: int = 8) -> dict[str, np.ndarray]:
     `drift_velocity_norm` = ‖β‖ of x_t ≈ x̄ + β (t − t̄) (distance per step);
     `drift_variance_share` = the share of tail variance along β; `straightness` = net displacement /
     path length, the path measured over `chunks` equal chunks so that per-step noise does not
-    inflate it (a random walk scores about 1/sqrt(chunks), a straight drift 1); `pc_straightness` the same in the top-3 PC
-    space, where i.i.d. noise is mostly projected out.
+    inflate it (a random walk scores about 1/sqrt(chunks), a straight drift 1); `pc_straightness`
+    the same in the top-3 PC space, where i.i.d. noise is mostly projected out.
     """
     n = pca.gram.shape[1]
     t = _times(n)
