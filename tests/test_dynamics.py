@@ -68,7 +68,10 @@ def test_benchmark_period_error(benchmark: pd.DataFrame) -> None:
 def test_columns_and_blanks() -> None:
     s = make_benchmark(seed=1, repeats=1, sizes=((64, H),))[0]
     df = classify_dynamics(s.states)
-    assert list(df.index) == list(range(s.states.shape[1])) and list(df.token) == list(df.index)
+    assert list(df.index) == list(range(s.states.shape[1]))
+    assert list(df.token) == [str(i) for i in df.index]
+    words = [f"w{i}" for i in df.index]
+    assert list(classify_dynamics(s.states, tokens=words).token) == words
     for col in ("kind", "period", "angular_speed", "drift_speed", "final_step_size"):
         assert col in df.columns
     assert set(df.kind) <= set(KINDS)

@@ -35,12 +35,14 @@ look like an orbit over one or two turns: the diagnostic columns (`plane_varianc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from ._frames import token_labels
 from .dynamics_features import convergence_features, drift_features, tail_pca
 from .dynamics_rotation import plane_bases, rotation_fit
 
@@ -174,13 +176,13 @@ def _features(
     return pd.concat(frames, ignore_index=True), np.concatenate(bases) if planes else None
 
 
-def _table(f: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
+def _table(f: pd.DataFrame, kinds: np.ndarray, tokens: Sequence[str] | None) -> pd.DataFrame:
     """The output frame: kind columns (blank where they do not apply), then the diagnostics."""
     orbit, slider = kinds == "orbit", kinds == "slider"
     omega = f.angular_speed.to_numpy()
     out = pd.DataFrame(
         dict(
-            token=np.arange(len(f)),
+            token=token_labels(tokens, len(f)),
             kind=kinds,
             period=np.where(orbit, 2 * np.pi / np.where(orbit, omega, 1.0), np.nan),
             angular_speed=np.where(orbit, omega, np.nan),
@@ -193,21 +195,25 @@ def _table(f: pd.DataFrame, kinds: np.ndarray) -> pd.DataFrame:
 
 
 def classify_dynamics(
-    states: np.ndarray, tail: int | None = None, **thresholds: float
+    states: np.ndarray,
+    tail: int | None = None,
+    tokens: Sequence[str] | None = None,
+    **thresholds: float,
 ) -> pd.DataFrame:
     """Classify each token's dynamics from the last `tail` steps of states (steps + 1, T, h).
 
-    Returns one row per token (index = token position) with `token`, `kind` (one of KINDS),
-    `period` and `angular_speed` (rad/step; NaN unless orbit), `drift_speed` (distance per step)
-    and `drift_direction_share` (NaN unless slider), `final_step_size` ‖s_r − s_{r−1}‖/‖s_r‖, and
-    the diagnostics behind the decision (see `DynamicsThresholds` and the module docstring).
+    Returns one row per token (index = token position) with `token` (the string from `tokens`, or
+    the position as a string), `kind` (one of KINDS), `period` and `angular_speed` (rad/step; NaN
+    unless orbit), `drift_speed` (distance per step) and `drift_direction_share` (NaN unless
+    slider), `final_step_size` ‖s_r − s_{r−1}‖/‖s_r‖, and the diagnostics behind the decision
+    (see `DynamicsThresholds` and the module docstring).
     `tail` defaults to min(steps, max(16, steps // 2)); keyword thresholds override the
     `DynamicsThresholds` defaults. Raises ValueError on NaN/inf or fewer than 8 tail steps.
     """
     th = DynamicsThresholds(**thresholds)
     states, tail = _check_states(states, tail)
     feats, _ = _features(states, tail, th)
-    return _table(feats, _decide(feats, th).astype(object))
+    return _table(feats, _decide(feats, th).astype(object), tokens)
 
 
 def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int = 8) -> np.ndarray:
