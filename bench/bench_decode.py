@@ -6,12 +6,16 @@ that every method must produce the same tokens (checked). Each cached method is 
 times and the best run is kept (the machines are shared); decode tokens/s counts the tokens after the
 first, from the first token's arrival to the last one's.
 
-    python bench/bench_decode.py [--repeats 5] [--threads 2]
+With a trained checkpoint (``--checkpoint``, default ``checkpoints/default`` when it exists) it also
+measures speculative decoding and adaptive exit there, where drafts and exits mean something.
+
+    python bench/bench_decode.py [--repeats 5] [--threads 2] [--checkpoint DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
@@ -22,11 +26,13 @@ import recurrent_model as rm
 PROMPT, NEW, STEPS = 32, 64, 8
 
 
-def timed_generate(model: rm.RecurrentLM, ids: torch.Tensor, **kw) -> tuple[float, float, object]:
+def timed_generate(
+    model: rm.RecurrentLM, ids: torch.Tensor, steps: int = STEPS, **kw
+) -> tuple[float, float, object]:
     """(total seconds, decode tokens/s after the first token, details) of one generate call."""
     stamps: list[float] = []
     start = time.perf_counter()
-    out = model.generate(ids, NEW, num_steps=STEPS, init_scale=0.0, stop_tokens=(),
+    out = model.generate(ids, NEW, num_steps=steps, init_scale=0.0, stop_tokens=(),
                          streamer=lambda t, s: stamps.append(time.perf_counter()),
                          return_details=True, **kw)  # fmt: skip
     total = time.perf_counter() - start
@@ -50,12 +56,53 @@ def best_of(repeats: int, fn: Callable[[], tuple[float, float, object]]):
     return max(runs, key=lambda r: r[1])
 
 
+def print_table(rows: list, base: float) -> None:
+    header = f"{'method':42} {'total s':>8} {'tok/s':>8} {'speed-up':>9} {'same tokens':>11}"
+    print(header + f" {'mean steps':>10} {'acceptance':>10}")
+    print("-" * (len(header) + 22))
+    for name, total, rate, same, steps, acc in rows:
+        acc_s = f"{acc:.2f}" if acc is not None else "-"
+        print(f"{name:42} {total:8.2f} {rate:8.1f} {rate / base:8.1f}x {str(same):>11} "
+              f"{steps:10.2f} {acc_s:>10}")  # fmt: skip
+
+
+def bench_checkpoint(path: str, repeats: int) -> None:
+    """Speculative decoding and adaptive exit on a trained checkpoint, against plain cached greedy."""
+    model = rm.load_model(path)
+    steps = model.config.mean_recurrence
+    text = "The history of the city begins"
+    if model.tokenizer is None:
+        print(f"\n(checkpoint {path} has no tokenizer.json: skipped)")
+        return
+    ids = torch.tensor([model.tokenizer.encode(text)])
+    timed_generate(model, ids, steps)
+    plain = best_of(repeats, lambda: timed_generate(model, ids, steps))
+    rows = [(f"KV cache, r={steps}", plain[0], plain[1], True, plain[2].mean_steps, None)]
+    variants = [
+        ("speculative, draft 4 / lookahead 8", {"draft_steps": 4, "lookahead": 8}),
+        ("speculative, draft 8 / lookahead 4", {"draft_steps": 8, "lookahead": 4}),
+        ("adaptive exit kl 5e-4", {"exit_criterion": "kl"}),
+        (
+            "adaptive exit kl 5e-4 + continuous",
+            {"exit_criterion": "kl", "continuous_compute": True},
+        ),
+    ]
+    for name, kw in variants:
+        total, decode, out = best_of(repeats, lambda kw=kw: timed_generate(model, ids, steps, **kw))
+        same = torch.equal(out.sequences, plain[2].sequences)
+        rows.append((name, total, decode, same, out.mean_steps, out.acceptance_rate))
+    print(f"\ncheckpoint {path}: prompt {text!r} ({ids.shape[1]} tokens), {NEW} new tokens")
+    print_table(rows, plain[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--checkpoint", default="checkpoints/default")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()[0]
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("small")).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT),
@@ -83,18 +130,18 @@ def main() -> None:
                  torch.equal(out.sequences, seq_re), out.mean_steps, None))  # fmt: skip
 
     print(f"decode benchmark: h=256 (1,2,1) r={STEPS}, V=4096, prompt {PROMPT}, {NEW} new tokens, "
-          f"float32, {args.threads} threads, best of {args.repeats}")  # fmt: skip
-    header = f"{'method':42} {'total s':>8} {'tok/s':>8} {'vs recompute':>12} {'same tokens':>11}"
-    print(header + f" {'mean steps':>10} {'acceptance':>10}")
-    print("-" * (len(header) + 22))
-    base = rows[0][2]
-    for name, total, rate, same, steps, acc in rows:
-        acc_s = f"{acc:.2f}" if acc is not None else "-"
-        print(f"{name:42} {total:8.2f} {rate:8.1f} {rate / base:11.1f}x {str(same):>11} "
-              f"{steps:10.2f} {acc_s:>10}")  # fmt: skip
+          f"float32, {args.threads} threads, best of {args.repeats}; load average at start "
+          f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print_table(rows, rows[0][2])
     kb = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS).memory_bytes
     kb4 = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS, 4).memory_bytes
     print(f"KV cache memory: full {kb / 2**20:.2f} MiB, budget 4: {kb4 / 2**20:.2f} MiB")
+    if os.path.isdir(args.checkpoint):
+        bench_checkpoint(args.checkpoint, args.repeats)
+    else:
+        print(
+            f"\n(no checkpoint at {args.checkpoint}: speculative / adaptive exit on a trained model skipped)"
+        )
 
 
 if __name__ == "__main__":
