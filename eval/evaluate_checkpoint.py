@@ -15,6 +15,7 @@ provenance.json (cached under --data-cache), using the checkpoint's own tokenize
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -216,9 +217,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     r_mean = model.config.mean_recurrence
     depths = depth_grid(r_mean)
 
-    data_config = DataConfig(
-        **{**provenance["config"]["data"], "tokenizer_path": str(checkpoint / "tokenizer.json")}
-    )
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    data = {k: v for k, v in provenance["config"]["data"].items() if k in known}
+    data_config = DataConfig(**{**data, "tokenizer_path": str(checkpoint / "tokenizer.json")})
     prepared = prepare_data(data_config, args.data_cache, progress=False)
     loader = PackedLoader(prepared, "val", batch_size=8)
     losses = validation_losses(model, loader, depths, args.val_batches)

@@ -1,0 +1,36 @@
+"""Exporting a run's checkpoint as a model directory with provenance."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from test_train_pipeline import write_config, write_corpus
+
+import recurrent_model as rm
+from pretrain.export import main as export_main
+from pretrain.launch import main as launch_main
+
+
+def test_export_copies_model_files_and_writes_provenance(tmp_path):
+    write_corpus(tmp_path / "corpus", docs=60)
+    config = write_config(
+        tmp_path / "tiny.yaml", tmp_path / "corpus", tmp_path / "data", max_steps=4, val_every=4
+    )
+    run = tmp_path / "run"
+    assert launch_main(["--config", str(config), "--out", str(run)]) == 0
+    out = export_main(["--run", str(run), "--out", str(tmp_path / "model"), "--note", "test run"])
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "model.safetensors", "provenance.json", "tokenizer.json"]
+    record = json.loads((out / "provenance.json").read_text())
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert record["steps"] == 4 and record["notes"] == ["test run"]
+    assert record["tokens_seen"] == 4 * 2 * 32
+    assert record["final_train_loss"] == [m["loss"] for m in metrics if "loss" in m][-1]
+    assert set(record["final_val_losses"]) == {k for k in metrics[-1] if k.startswith("val_loss_")}
+    assert record["config"]["data"]["vocab_size"] == 320 and len(record["corpus_hash"]) > 8
+    assert record["training_time_s"] > 0 and record["commands"]
+    exported = rm.load_model(out)
+    source = rm.load_model(run / "checkpoints" / "step-0000004")
+    for a, b in zip(exported.state_dict().values(), source.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
