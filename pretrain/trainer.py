@@ -154,11 +154,37 @@ class Trainer:
         self.tokens_per_step = (
             t.micro_batch_size * t.grad_accum * self.prepared.block_size * self.ctx.world_size
         )
+        if self.ctx.is_main:
+            self._write_run_info(resumed_from=latest)
         metrics_path = self.out / "metrics.jsonl"
         if self.ctx.is_main and latest is not None:
             rewind_metrics(metrics_path, self.step)
         self.metrics = MetricsWriter(metrics_path if self.ctx.is_main else None)
         self.peak, self.peak_source = peak_flops(self.device, self.bf16)
+
+    def _write_run_info(self, resumed_from: Path | None) -> None:
+        """OUT/run.json: what produced this run (config, data, versions), for provenance."""
+        import json
+        import platform
+        import sys
+
+        info = {
+            "command": " ".join(sys.argv),
+            "config": self.config.to_dict(),
+            "model": self.model_config.to_dict(),
+            "parameters": self.model.num_parameters(),
+            "corpus_hash": self.prepared.corpus_hash,
+            "train_rows": self.prepared.train_rows,
+            "val_rows": self.prepared.val_rows,
+            "world_size": self.ctx.world_size,
+            "device": str(self.device),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "resumed_from": str(resumed_from) if resumed_from else None,
+            "started_at_step": self.step,
+        }
+        name = "run.json" if resumed_from is None else f"run-resume-{self.step:07d}.json"
+        (self.out / name).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
     def _restore(self, path: Path) -> None:
         state, tensors = read_state(path)
