@@ -2,11 +2,12 @@
 
 1. Collect 256 tokens × 64 steps × 5 seeds at h=256 (the "small" preset, random weights): batched
    (all 5 seeds in one forward) vs one seed per forward; then every analysis on the result.
-2. PCA of 65 steps × 512 tokens at h=5280 (random low-rank data plus noise): our exact solver
-   (covariance eigh) vs sklearn's full SVD on the same matrix, with the largest coordinate difference.
+2. PCA (6 components) of 65 steps × 512 tokens at h=5280, float32 (random low-rank data plus noise):
+   our exact solver (covariance + Lanczos) vs sklearn's full SVD on the same matrix, with the
+   largest coordinate and component differences.
 3. UMAP on the states of (1): cold (import + fit) vs warm (the cache) vs refit (imported, no cache).
 
-Usage: python bench/bench_workbench.py [--threads 2] [--skip-umap]
+Usage: python bench/bench_workbench.py [--threads 2] [--only collect|pca|umap]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sklearn.decomposition import PCA
 import recurrent_model as rm
 import workbench as wb
 from workbench import projections
+from workbench.pca import pca_solver
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -71,18 +73,16 @@ def bench_pca(results: dict[str, Any], h: int = 5280) -> None:
     rng = np.random.default_rng(0)
     n, rank = 65 * 512, 64
     spectrum = np.geomspace(20, 0.5, rank).astype(np.float32)
-    x = (
-        (rng.standard_normal((n, rank), dtype=np.float32) * spectrum)
-        @ rng.standard_normal((rank, h), dtype=np.float32)
-        / np.sqrt(h)
-    )
-    x += 0.05 * rng.standard_normal((n, h), dtype=np.float32)
+    basis = rng.standard_normal((rank, h), dtype=np.float32) / np.float32(np.sqrt(h))
+    x = (rng.standard_normal((n, rank), dtype=np.float32) * spectrum) @ basis
+    x += np.float32(0.05) * rng.standard_normal((n, h), dtype=np.float32)
+    assert x.dtype == np.float32  # as collected states are
     states = x.reshape(65, 512, h)
     k = 6
     t_ours, (coords, ours) = timed(lambda: wb.project(states, n_components=k))
     t_full, full = timed(lambda: PCA(n_components=k, svd_solver="full").fit(x))
     ref = full.transform(x)
-    results["pca_solver"] = projections.pca_solver(n, h)
+    results["pca_solver"] = pca_solver(n, h, k)
     results["pca_ours_s"] = t_ours
     results["pca_sklearn_full_svd_s"] = t_full
     results["pca_speedup_vs_full_svd"] = t_full / t_ours
@@ -108,14 +108,17 @@ def bench_umap(results: dict[str, Any], traj: wb.Trajectory) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip-umap", action="store_true")
+    parser.add_argument("--only", choices=("collect", "pca", "umap"), default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results: dict[str, Any] = {"threads": args.threads}
-    traj = bench_collect(results)
-    print(json.dumps(results, indent=2), flush=True)
-    bench_pca(results)
-    if not args.skip_umap:
+    if args.only in (None, "pca"):
+        bench_pca(results)
+        print(json.dumps(results, indent=2), flush=True)
+    if args.only in (None, "collect", "umap"):
+        traj = bench_collect(results)
+        print(json.dumps(results, indent=2), flush=True)
+    if args.only in (None, "umap"):
         bench_umap(results, traj)
     print(json.dumps(results, indent=2))
 

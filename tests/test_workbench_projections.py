@@ -18,7 +18,7 @@ def _low_rank(shape, rank=8, seed=0):
     return (x + 0.01 * rng.normal(size=(n, h))).reshape(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("shape", [(9, 20, 16), (3, 4, 5, 64), (2, 3, 200)])
+@pytest.mark.parametrize("shape", [(9, 20, 16), (3, 4, 5, 64), (2, 3, 200), (4, 250, 320)])
 def test_pca_equals_sklearn_full_svd(shape):
     states = _low_rank(shape)
     coords, model = wb.project(states, n_components=6)
@@ -31,8 +31,17 @@ def test_pca_equals_sklearn_full_svd(shape):
     np.testing.assert_allclose(
         model.explained_variance_ratio_, reference.explained_variance_ratio_, rtol=1e-4
     )
+    np.testing.assert_allclose(model.noise_variance_, reference.noise_variance_, rtol=1e-3)
     again, _ = wb.project(states, n_components=6)
     np.testing.assert_array_equal(coords, again)
+
+
+def test_wide_states_use_the_lanczos_solver():
+    from workbench.pca import pca_solver
+
+    assert pca_solver(65 * 512, 5280, 6) == "lanczos"
+    assert pca_solver(4 * 250, 320, 6) == "lanczos"
+    assert pca_solver(100, 64, 6) == "covariance_eigh" and pca_solver(6, 200, 6) == "full"
 
 
 def test_project_refuses_unknown_method():

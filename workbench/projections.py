@@ -11,7 +11,8 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-from sklearn.decomposition import PCA
+
+from .pca import fit_pca
 
 _UMAP_CACHE: OrderedDict[str, tuple[np.ndarray, Any]] = OrderedDict()
 UMAP_CACHE_SIZE = 8
@@ -25,17 +26,6 @@ def _flatten(states: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float32)
     return x, arr.shape[:-1]
-
-
-def pca_solver(n_samples: int, n_features: int) -> str:
-    """The exact sklearn solver we use: covariance eigh if samples >= features, else full."""
-    return "covariance_eigh" if n_samples >= n_features else "full"
-
-
-def fit_pca(x: np.ndarray, n_components: int) -> PCA:
-    """sklearn PCA (exact solver, no randomness) fitted on the rows of x."""
-    k = min(int(n_components), *x.shape)
-    return PCA(n_components=k, svd_solver=pca_solver(*x.shape)).fit(x)
 
 
 def _umap_key(x: np.ndarray, params: dict[str, Any]) -> str:
