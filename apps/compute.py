@@ -23,6 +23,7 @@ from workbench.dynamics import rotation_plane
 
 from .fallback_model import DEFAULT_CHECKPOINT, default_model
 from .inputs import RunSettings
+from .runtime import threads_for
 
 ModelKey = str
 TrajKey = tuple
@@ -48,14 +49,15 @@ def load(path: str, device: str, dtype: str, signature: str) -> recurrent_model.
 @st.cache_data(max_entries=4, show_spinner=False)
 def trajectory(_model, model_key: ModelKey, run: RunSettings) -> workbench.Trajectory:
     """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once."""
-    traj = workbench.collect(
-        _model,
-        list(run.token_ids),
-        run.num_steps,
-        seeds=run.seeds,
-        init_scale=run.init_scale,
-        progress=False,
-    )
+    with threads_for(_model):
+        traj = workbench.collect(
+            _model,
+            list(run.token_ids),
+            run.num_steps,
+            seeds=run.seeds,
+            init_scale=run.init_scale,
+            progress=False,
+        )
     traj.normalized_states  # noqa: B018 - computed now so that cache hits carry it
     return traj
 
@@ -121,7 +123,8 @@ def plane(_traj, key: TrajKey, position: int, run: int = 0) -> np.ndarray:
 
 @st.cache_data(max_entries=8, show_spinner="Decoding every state through the lens …")
 def lens(_model, _traj, key: TrajKey, kind: str) -> pd.DataFrame:
-    return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_traj.tokens)
+    with threads_for(_model):
+        return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_traj.tokens)
 
 
 @st.cache_data(max_entries=8, show_spinner="Generating …")
@@ -137,15 +140,16 @@ def generation(
 ) -> dict:
     """Greedy generation with an optional adaptive exit: text, tokens and iterations per token."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
-    out = _model.generate(
-        ids,
-        max_new_tokens,
-        num_steps=num_steps,
-        exit_criterion=exit_criterion,
-        exit_threshold=exit_threshold,
-        init_scale=init_scale,
-        return_details=True,
-    )
+    with threads_for(_model):
+        out = _model.generate(
+            ids,
+            max_new_tokens,
+            num_steps=num_steps,
+            exit_criterion=exit_criterion,
+            exit_threshold=exit_threshold,
+            init_scale=init_scale,
+            return_details=True,
+        )
     new = out.sequences[0, len(token_ids) :].tolist()
     steps = out.steps[0].tolist()
     n = sum(1 for s in steps if s > 0)  # tokens after a stop token get 0 steps

@@ -4,7 +4,8 @@
    model load, collection, PCA, the first charts); a redraw after changing only a view widget (the
    waterfall plane) and after switching tabs and back; and a rerun after changing the step count.
 2. A real browser (Debian's Chromium via Playwright, when /usr/bin/chromium exists): time until the
-   first plotly chart is drawn, and until it is redrawn after changing the step count.
+   first plotly chart is drawn, after a tab switch (to Convergence and back) until its chart is drawn,
+   and after changing the step count until the chart is redrawn with the new number of points.
 
 Usage: python bench/bench_app.py [--repeats 3] [--skip-browser]
 """
@@ -134,7 +135,15 @@ def bench_browser() -> dict[str, float]:
             page.goto(url, wait_until="domcontentloaded")
             page.wait_for_selector(f"{CHART} .main-svg .scatterlayer", timeout=600_000)
             first = time.perf_counter() - t0
-            steps = page.get_by_label("Steps")
+            t0 = time.perf_counter()
+            page.get_by_role("tab", name="Convergence").click()
+            page.wait_for_selector(f"{CHART} .heatmaplayer", timeout=600_000)
+            to_convergence = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            page.get_by_role("tab", name="Trajectories").click()
+            page.wait_for_selector(f"{CHART} .main-svg .scatterlayer", timeout=600_000)
+            back = time.perf_counter() - t0
+            steps = page.get_by_label("Steps", exact=True)
             current = int(steps.input_value())
             t0 = time.perf_counter()
             steps.fill(str(current - 4))
@@ -145,7 +154,12 @@ def bench_browser() -> dict[str, float]:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    return {"browser: first chart drawn s": first, "browser: redraw after step change s": redraw}
+    return {
+        "browser: first chart drawn s": first,
+        "browser: tab switch to Convergence, heatmap drawn s": to_convergence,
+        "browser: tab switch back, chart drawn s": back,
+        "browser: redraw after step change s": redraw,
+    }
 
 
 def main() -> None:

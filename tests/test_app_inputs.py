@@ -93,3 +93,16 @@ def test_resolve_checkpoint(tmp_path):
     assert inputs.resolve_checkpoint(f"{tmp_path}/x/../y") == tmp_path.resolve() / "y"
     with pytest.raises(inputs.InputError):
         inputs.resolve_checkpoint("  ")
+
+
+def test_small_models_run_single_threaded_and_the_setting_is_restored(monkeypatch):
+    from apps import runtime
+
+    model = fallback_model()
+    before = torch.get_num_threads()
+    with runtime.threads_for(model):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    monkeypatch.setattr(runtime, "SINGLE_THREAD_PARAMS", model.num_parameters())
+    with runtime.threads_for(model):  # at the size limit: torch's default is kept
+        assert torch.get_num_threads() == before

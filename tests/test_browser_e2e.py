@@ -102,7 +102,7 @@ def test_change_steps_redraws_the_chart_without_errors(server, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(server, wait_until="domcontentloaded")
             page.wait_for_selector(f"{CHART} .main-svg", timeout=180_000)
-            steps = page.get_by_label("Steps")
+            steps = page.get_by_label("Steps", exact=True)
             steps.fill("9")
             steps.press("Enter")
             page.get_by_text(re.compile(r"· 9 steps ·")).wait_for(timeout=180_000)
