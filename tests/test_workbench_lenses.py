@@ -60,3 +60,16 @@ def test_sublayer_lens_rows_and_chunking():
     np.testing.assert_allclose(small.entropy, big.entropy, rtol=1e-6)
     with pytest.raises(ValueError, match="lens must be"):
         wb.lens(model, sub[0], "tuned")
+
+
+def test_convergence_takes_kl_and_entropy_from_the_lens():
+    model = _model()
+    traj = wb.collect(model, IDS, 3, progress=False)
+    frame = wb.lens(model, traj.raw_states[0], "coda")
+    conv = wb.convergence(traj.states[0], lens_frame=frame)
+    assert len(conv) == 9 * 4 and conv.kl_to_final.notna().all()
+    row = conv[(conv.position == 4) & (conv.step == 1)].iloc[0]
+    ref = frame[(frame.position == 4) & (frame.step == 1)].iloc[0]
+    assert row.kl_to_final == ref.kl_to_final and row.entropy == ref.entropy
+    with pytest.raises(ValueError, match="lens_frame has"):
+        wb.convergence(traj.states[0, :2], lens_frame=frame)

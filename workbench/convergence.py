@@ -14,11 +14,13 @@ def convergence(
     states: np.ndarray,
     reference: np.ndarray | None = None,
     tokens: Sequence[str] | None = None,
+    lens_frame: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per (position, step): ``distance_to_final`` ‖z_i − z*‖ and ``relative_step``.
 
     states: (steps + 1, T, h) for one run. z* is the last state unless ``reference`` (T, h) is given
     (e.g. the state after many more steps). relative_step = ‖z_i − z_{i−1}‖ / ‖z_i‖ (NaN at step 0).
+    ``lens_frame`` (from ``workbench.lens`` on the same run) adds ``kl_to_final`` and ``entropy``.
     """
     z = as_states(states)
     ref = z[-1] if reference is None else np.asarray(reference, dtype=z.dtype)
@@ -30,9 +32,15 @@ def convergence(
     step_norm = np.linalg.norm(np.diff(z, axis=0), axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         relative[1:] = step_norm / norms[1:]
-    return position_step_frame(
+    frame = position_step_frame(
         {"distance_to_final": distance, "relative_step": relative, "norm": norms}, tokens
     )
+    if lens_frame is not None:
+        extra = lens_frame[["position", "step", "kl_to_final", "entropy"]]
+        if len(extra) != len(frame):
+            raise ValueError(f"lens_frame has {len(extra)} rows, expected {len(frame)}")
+        frame = frame.merge(extra, on=["position", "step"], how="left", validate="one_to_one")
+    return frame
 
 
 def steps_to_converge(frame: pd.DataFrame, eps: float = 1e-2) -> pd.DataFrame:
