@@ -29,18 +29,19 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _pack(block: SandwichBlock) -> Packed:
-    """A layer's weights; the q/k bias becomes the bias of the fused [Q; K; V] projection."""
+    """A layer's weights; the q/k bias becomes the bias of the fused [Q; K; V] projection and the
+    output projections are transposed views for ``addmm`` (projection plus residual in one op)."""
     a, m = block.attn, block.mlp
     qkv_bias = torch.cat([a.qk_bias.flatten(), a.qk_bias.new_zeros(a.n_heads * a.head_dim)])
     return (
         block.norm_1.weight,
         a.Wqkv.weight,
         qkv_bias.to(a.Wqkv.weight.dtype),
-        a.proj.weight,
+        a.proj.weight.t(),
         block.norm_2.weight,
         block.norm_3.weight,
         m.fc.weight,
-        m.proj.weight,
+        m.proj.weight.t(),
         block.norm_4.weight,
     )
 
@@ -81,12 +82,14 @@ class CachedForward:
         self._ones = torch.ones(1, self.n_heads, self.head_dim // 2, dtype=torch.complex64,
                                 device=model.device)  # fmt: skip
         self._rope = model.rope_at(0, 1)
+        self._B, self._T = cache.kv.shape[1], 1
         self._freqs = self._ones
 
     def begin(self, start: int, length: int) -> None:
         """Set the positions the next chunk writes (checks the context length)."""
         self._rope = self.model.rope_at(start, length)
         self.cache.begin(start, length)
+        self._T = length
         H, half = self.n_heads, self.head_dim // 2
         self._freqs = torch.cat(
             [self._rope[:, None].expand(length, 2 * H, half), self._ones.expand(length, H, half)],
@@ -100,9 +103,9 @@ class CachedForward:
         return _rms(x, weight, self.eps)
 
     def _layer(self, x: torch.Tensor, p: Packed, slot: int) -> torch.Tensor:
-        """One sandwich block over the chunk, reading and writing cache slot ``slot``."""
-        w1, wqkv, qkv_bias, wo, w2, w3, wfc, wdown, w4 = p
-        B, T, h = x.shape
+        """One sandwich block over the chunk's (B·T, h) rows, reading and writing cache ``slot``."""
+        w1, wqkv, qkv_bias, wo_t, w2, w3, wfc, wdown_t, w4 = p
+        B, T, h = self._B, self._T, self.h
         H, D, c = self.n_heads, self.head_dim, self.cache
         qkv = F.linear(self._norm(x, w1), wqkv, qkv_bias).view(B, T, 3 * H, D // 2, 2)
         if not self.fp32:
@@ -118,10 +121,10 @@ class CachedForward:
             attn_mask=c.mask,
             is_causal=c.is_causal,
         )
-        y = y.view(B, T, h) if T == 1 else y.transpose(1, 2).reshape(B, T, h)
-        x = self._norm(F.linear(y, wo) + x, w2)
+        y = y.view(B * T, h) if T == 1 else y.transpose(1, 2).reshape(B * T, h)
+        x = self._norm(torch.addmm(x, y, wo_t), w2)
         gate, up = F.linear(self._norm(x, w3), wfc).chunk(2, dim=-1)
-        return self._norm(F.linear(F.silu(gate) * up, wdown) + x, w4)
+        return self._norm(torch.addmm(x, F.silu(gate) * up, wdown_t), w4)
 
     # The pieces ---------------------------------------------------------------------------------
     def prelude(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -129,14 +132,14 @@ class CachedForward:
         m = self.model
         if self.hooked:
             return m.prelude(m.embed(input_ids), self._rope, self.cache)
-        x = F.embedding(input_ids, self.wte) * m.emb_scale
+        x = F.embedding(input_ids.reshape(-1), self.wte) * m.emb_scale
         for p, slot in zip(self.prelude_layers, self.prelude_slots):
             x = self._layer(x, p, slot)
-        return x
+        return x.view(self._B, self._T, self.h)
 
     def inject(self, e: torch.Tensor) -> torch.Tensor:
         """What every core step needs from e (the adapter's e-half on the fast path)."""
-        return e if self.hooked else F.linear(e, self.adapter_e)
+        return e if self.hooked else F.linear(e.reshape(-1, self.h), self.adapter_e)
 
     def start_state(self, state: torch.Tensor) -> torch.Tensor:
         """s_0 of the chunk (passes ``core.hook_state`` at step 0 on the hooked path)."""
@@ -146,13 +149,10 @@ class CachedForward:
         """s_step from s_{step−1} (step 1-based, at most the cache's max_steps)."""
         if self.hooked:
             return self.model.core_step(state, injected, self._rope, step, self.cache)
-        B, T, h = state.shape
-        x = torch.addmm(injected.view(-1, h), state.reshape(-1, h), self.adapter_state).view(
-            B, T, h
-        )
+        x = torch.addmm(injected, state.reshape(-1, self.h), self.adapter_state)
         for p, slot in zip(self.core_layers, self.core_slots[step - 1]):
             x = self._layer(x, p, slot)
-        return x
+        return x.view(self._B, self._T, self.h)
 
     def coda(
         self, state: torch.Tensor, last_only: bool = False
@@ -162,9 +162,10 @@ class CachedForward:
             logits, latents = self.model.coda(state, self._rope, self.cache)
             return (logits[:, -1:] if last_only else logits), latents
         latents = self._norm(state, self.ln_f)
-        x = latents
+        x = latents.view(-1, self.h)
         for p, slot in zip(self.coda_layers, self.coda_slots):
             x = self._layer(x, p, slot)
+        x = x.view(self._B, self._T, self.h)
         if last_only:
             x = x[:, -1:]
         return F.linear(self._norm(x, self.ln_f), self.head).float(), latents

@@ -26,7 +26,7 @@ class GenerationOutput:
 
     sequences: (B, T + new) prompt and generated ids (pad after a row stopped).
     steps: (B, new) core iterations spent on each generated token (0 after the row stopped).
-    acceptance_rate: accepted / drafted tokens of self-speculative decoding, else None.
+    acceptance_rate: accepted / drafted tokens of self-speculative decoding (None if none drafted).
     cache_bytes: memory held by the KV cache. scores: (B, new, V) logits when output_scores=True.
     """
 
@@ -187,8 +187,6 @@ class _Run:
     def details(self) -> GenerationOutput:
         scores = torch.stack(self.scores, dim=1) if self.scores else None
         rate = self.accepted / self.drafted if self.drafted else None
-        if self.cfg.draft_steps is not None and rate is None:
-            rate = 0.0
         return GenerationOutput(
             self.sequences[:, : self.prompt_len + self.n],
             self.steps[:, : self.n],
