@@ -116,10 +116,14 @@ def test_generation_reports_iterations_per_token(app):
     app.button[0].click().run()
     assert_clean(app)
     table = app.dataframe[0].value
-    assert 1 <= len(table) <= 6
-    assert ((table["steps"] >= 1) & (table["steps"] <= 12)).all()
-    assert "gen_steps" in chart_keys(app)
     assert app.metric[0].label == "Mean steps per token"
+    assert len(table) <= 6
+    if len(table) == 0:  # a trained model may stop at once
+        assert app.code[0].value == "(stopped at once)"
+        return
+    assert ((table["steps"] >= 1) & (table["steps"] <= 12)).all()
+    assert float(app.metric[0].value) == pytest.approx(table["steps"].mean(), abs=0.05)
+    assert "gen_steps" in chart_keys(app)
 
 
 def test_umap_only_on_request(app, monkeypatch):
