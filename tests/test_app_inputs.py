@@ -106,3 +106,23 @@ def test_small_models_run_single_threaded_and_the_setting_is_restored(monkeypatc
     monkeypatch.setattr(runtime, "SINGLE_THREAD_PARAMS", model.num_parameters())
     with runtime.threads_for(model):  # at the size limit: torch's default is kept
         assert torch.get_num_threads() == before
+
+
+def test_downloads_round_trip(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    import workbench
+    from apps import compute
+
+    model = fallback_model()
+    traj = workbench.collect(model, model.tokenizer.encode("3 eggs"), 4, seeds=(0, 1))
+    path = tmp_path / "trajectory.safetensors"
+    path.write_bytes(compute.trajectory_file(traj, ("test-key", str(tmp_path))))
+    loaded = workbench.Trajectory.load(path)
+    assert np.array_equal(loaded.raw_states, traj.raw_states) and loaded.tokens == traj.tokens
+    frame = workbench.convergence(traj.states[0], tokens=traj.tokens)
+    (tmp_path / "c.csv").write_bytes(compute.csv_bytes(frame))
+    back = pd.read_csv(tmp_path / "c.csv", keep_default_na=False, na_values=[""])
+    assert list(back.columns) == list(frame.columns) and len(back) == len(frame)
+    assert np.allclose(back["distance_to_final"], frame["distance_to_final"])
