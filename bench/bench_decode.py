@@ -19,9 +19,13 @@ import os
 import time
 from collections.abc import Callable
 
-import torch
+# OpenMP threads that spin while waiting collapse when the shared 2-core machine is loaded (measured:
+# 5-18 tok/s spinning vs 53 passive at load 10); export OMP_WAIT_POLICY=ACTIVE to override.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import recurrent_model as rm
+import torch  # noqa: E402
+
+import recurrent_model as rm  # noqa: E402
 
 PROMPT, NEW, STEPS = 32, 64, 8
 
@@ -130,7 +134,8 @@ def main() -> None:
                  torch.equal(out.sequences, seq_re), out.mean_steps, None))  # fmt: skip
 
     print(f"decode benchmark: h=256 (1,2,1) r={STEPS}, V=4096, prompt {PROMPT}, {NEW} new tokens, "
-          f"float32, {args.threads} threads, best of {args.repeats}; load average at start "
+          f"float32, {args.threads} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
+          f"best of {args.repeats}; load average at start "
           f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}")  # fmt: skip
     print_table(rows, rows[0][2])
     kb = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS).memory_bytes

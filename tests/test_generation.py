@@ -207,3 +207,14 @@ def test_context_errors(model):
         generate(model, prompt(1, 100), 40)
     with pytest.raises(ValueError, match="vocabulary"):
         generate(model, torch.tensor([[600]]), 1)
+
+
+def test_bfloat16_model_generates():
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval().to(torch.bfloat16)
+    ids = prompt(2, 4)
+    out = generate(model, ids, 5, num_steps=3, init_scale=0.0, stop_tokens=(),
+                   exit_criterion="kl", exit_threshold=1e-2, return_details=True)  # fmt: skip
+    assert out.sequences.shape == (2, 9) and out.sequences.dtype == torch.long
+    assert ((out.steps >= 1) & (out.steps <= 3)).all()
+    assert out.cache_bytes == rm.KVCache(model.config, 2, 9, 3).memory_bytes // 2  # 2 bytes
