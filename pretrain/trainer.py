@@ -357,6 +357,9 @@ class Trainer:
         inputs = batches[0][0][:1].to(self.device)
         self.model.eval()
         gen = torch.Generator(self.device).manual_seed(777)
+        sharded = hasattr(self.model, "unshard")  # FSDP2: run_with_cache bypasses the root hooks
+        if sharded:
+            self.model.unshard()  # type: ignore[operator]
         with self.autocast():
             _, cache = self.model.run_with_cache(
                 inputs,
@@ -364,6 +367,8 @@ class Trainer:
                 names_filter=list(HEALTH_HOOKS),
                 generator=gen,
             )
+        if sharded:
+            self.model.reshard()  # type: ignore[operator]
         self.model.train()
         return recurrence_health(
             cache["core.hook_state"],

@@ -1,5 +1,6 @@
 """Two ranks over gloo, started by ``launch.py --nproc 2`` (torchrun): lock-step depths, identical
-parameters after several steps, disjoint data, per-rank loader state in the checkpoint."""
+parameters after several steps, disjoint data, per-rank loader state in the checkpoint; DDP, the
+recipe's bucketed all-reduce and FSDP2 train the same model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from test_train_pipeline import REPO, write_config, write_corpus
 
 # Loaded by every rank through PYTHONPATH (sitecustomize): records what the rank did.
@@ -37,7 +40,8 @@ if os.environ.get("TRAIN_TEST_REPORT") and "RANK" in os.environ:
                 yield inputs, labels
         self.loader_iter = recording()
         result = _run(self)
-        flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+        full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in self.model.parameters()]
+        flat = torch.cat([p.detach().reshape(-1) for p in full])
         report = {"depths": depths, "rows": rows, "world": self.ctx.world_size,
                   "params": hashlib.sha1(flat.numpy().tobytes()).hexdigest()}
         path = os.path.join(os.environ["TRAIN_TEST_REPORT"], f"rank{self.ctx.rank}.json")
@@ -90,7 +94,7 @@ def launch_two_ranks(root: Path, config: Path, out: Path, *overrides: str) -> li
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "bucketed"])
+@pytest.mark.parametrize("strategy", ["ddp", "bucketed", "fsdp"])
 def test_two_ranks_lock_step_identical_parameters_disjoint_data(tiny, strategy):
     root, config = tiny
     out = root / strategy
@@ -107,12 +111,17 @@ def test_two_ranks_lock_step_identical_parameters_disjoint_data(tiny, strategy):
     state = json.loads((out / "checkpoints" / "step-0000004" / "trainer_state.json").read_text())
     assert state["world_size"] == 2
     assert [r["loader"]["rank"] for r in state["ranks"]] == [0, 1]
+    if strategy != "ddp":  # the same run as DDP (parametrized after it), up to reduction order
+        ddp = load_file(root / "ddp" / "checkpoints" / "step-0000004" / "model.safetensors")
+        mine = load_file(out / "checkpoints" / "step-0000004" / "model.safetensors")
+        assert ddp.keys() == mine.keys()
+        for key in ddp:
+            torch.testing.assert_close(mine[key], ddp[key], rtol=1e-4, atol=1e-5)
 
 
 def test_bucketed_all_reduce_packs_splits_and_averages(tmp_path):
     """One gloo rank, told the world has 2: every gradient comes back exactly halved, whether it
     shared a bucket, filled one, or was split across several."""
-    import torch
     import torch.distributed as dist
 
     from pretrain.distributed import bucketed_all_reduce

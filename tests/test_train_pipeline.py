@@ -261,3 +261,36 @@ def test_nonfinite_loss_is_skipped_counted_and_reported(setup, tmp_path, capsys)
     assert rows[2]["skipped"] is True and rows[2]["loss"] == "nan"
     assert rows[-1]["skipped_steps"] == len(rows) - 2
     assert "non-finite gradient norm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_writes_a_checkpoint_and_stops(setup, tmp_path, signum):
+    _, config, _ = setup
+    run = tmp_path / "signalled"
+    script = driver(
+        tmp_path,
+        "import pretrain.trainer as tr\n"
+        "orig = tr.Trainer.train_step\n"
+        "def slow(self):\n"
+        "    time.sleep(0.5 if self.step >= 2 else 0)\n"
+        "    return orig(self)\n"
+        "tr.Trainer.train_step = slow\n",
+    )
+    proc = start(
+        script, "--config", str(config), "--out", str(run), "--set", "train.checkpoint_every=100"
+    )
+    wait_for(
+        lambda: (
+            (run / "metrics.jsonl").is_file()
+            and len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+        ),
+        proc,
+    )
+    proc.send_signal(signum)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, output
+    assert "signal received" in output
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    step = int(latest.split("-")[1])
+    assert 2 <= step < 8
+    assert len(metrics(run)) == step
