@@ -36,7 +36,7 @@ class ProbeResult:
 def _probe(pca_dims: int | None, seed: int, c: float) -> Pipeline:
     steps: list[Any] = [StandardScaler()]
     if pca_dims is not None:
-        steps.append(PCA(n_components=pca_dims, svd_solver="full"))
+        steps.append(PCA(n_components=pca_dims, svd_solver="randomized", random_state=seed))
     steps.append(LogisticRegression(C=c, max_iter=2000, random_state=seed))
     return make_pipeline(*steps)
 
@@ -69,7 +69,7 @@ def iteration_probe(
 
     Positions are split into train and test tokens (``test_fraction`` held out). ``extra`` holds
     ``mean_abs_step_error`` on the test tokens. ``pca_dims`` (None = off) reduces the standardised
-    features first; the probe stays linear.
+    features first (seeded randomized PCA, fast at h = 5280); the probe stays linear.
     """
     z = np.asarray(states, dtype=np.float32)
     if z.ndim == 3:
