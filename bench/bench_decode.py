@@ -84,7 +84,7 @@ def bench_checkpoint(path: str, repeats: int) -> None:
     rows = [(f"KV cache, r={steps}", plain[0], plain[1], True, plain[2].mean_steps, None)]
     variants = [
         ("speculative, draft 4 / lookahead 8", {"draft_steps": 4, "lookahead": 8}),
-        ("speculative, draft 8 / lookahead 4", {"draft_steps": 8, "lookahead": 4}),
+        ("speculative, draft 2 / lookahead 8", {"draft_steps": 2, "lookahead": 8}),
         ("adaptive exit kl 5e-4", {"exit_criterion": "kl"}),
         (
             "adaptive exit kl 5e-4 + continuous",
