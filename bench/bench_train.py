@@ -8,7 +8,7 @@
    (8 grad) with k = 8, each in a fresh subprocess (target <= 1.15x). Also the increment over the
    RSS before the step (activations, gradients, optimizer moments), without the model and runtime.
 
-Usage: python bench/bench_train.py [--steps 3] [--hidden 1024] [--skip-memory] [--json]
+Usage: python bench/bench_train.py [--steps 3] [--hidden 1024] [--compile] [--skip-memory] [--json]
 """
 
 from __future__ import annotations
@@ -61,11 +61,18 @@ def train_step(model, optimizer, inputs, depth: Depth) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def throughput(steps: int, hidden: int, batch: int, block: int, depth: Depth) -> dict:
+def throughput(
+    steps: int, hidden: int, batch: int, block: int, depth: Depth, compile_blocks: bool = False
+) -> dict:
     model = bench_model(hidden, block)
+    if compile_blocks:  # as train.compile does: every sandwich block compiled in place
+        t = model.transformer
+        for b in [*t.prelude, *t.core_block, *t.coda]:
+            b.compile()
     optimizer = ClippedAtanAdam(parameter_groups(model, 1e-4), lr=1e-4)
     inputs = torch.randint(0, model.config.vocab_size, (batch, block))
-    train_step(model, optimizer, inputs, depth)  # warm-up
+    train_step(model, optimizer, inputs, depth)  # warm-up (and compilation)
+    train_step(model, optimizer, inputs, depth)
     flops = flops_per_token(model.config, depth, block) * batch * block
     ratios, rates, peaks = [], [], []
     for _ in range(steps):
@@ -89,6 +96,7 @@ def throughput(steps: int, hidden: int, batch: int, block: int, depth: Depth) ->
         "matmul_peak_gflops": statistics.median(peaks) / 1e9,
         "fraction_of_matmul_peak": statistics.median(ratios),
         "threads": torch.get_num_threads(),
+        "compiled": compile_blocks,
     }
 
 
@@ -133,6 +141,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=256)
+    p.add_argument("--compile", action="store_true", help="compile the blocks (train.compile)")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)

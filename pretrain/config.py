@@ -87,6 +87,7 @@ class DistributedSection:
     strategy: str = "ddp"
     bucket_mb: float = 64.0
     timeout_minutes: int = 30
+    preflight_mb: float = 0.0  # > 0: growing all-reduces up to this size before training
 
 
 @dataclass

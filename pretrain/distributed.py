@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -182,6 +183,32 @@ def bucketed_all_reduce(
         used += n
     flush()
     return n_buckets
+
+
+@torch.no_grad()
+def preflight_all_reduce(ctx: DistContext, max_bytes: int = 128 * 1024 * 1024) -> list[float]:
+    """The recipe's start-up check: all-reduces of growing size (4 KiB doubling up to ``max_bytes``)
+    over one buffer, so a bad node or link fails (or times out) before training starts. Verifies
+    each sum and returns the seconds each size took."""
+    if not ctx.distributed:
+        return []
+    buffer = torch.empty(max(1, max_bytes // 4), dtype=torch.float32, device=ctx.device)
+    timings, n = [], 1024
+    while True:
+        view = buffer[:n]
+        view.fill_(1.0)
+        start = time.perf_counter()
+        dist.all_reduce(view)
+        got = float(view[-1])
+        timings.append(time.perf_counter() - start)
+        if got != ctx.world_size:
+            raise RuntimeError(
+                f"preflight all-reduce of {4 * n} bytes returned {got} on rank {ctx.rank}, "
+                f"expected {ctx.world_size}: a node or link is faulty"
+            )
+        if n >= buffer.numel():
+            return timings
+        n = min(2 * n, buffer.numel())
 
 
 def relaunch_with_torchrun(nproc: int, argv: list[str]) -> int:

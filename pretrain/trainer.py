@@ -18,7 +18,7 @@ from recurrent_model import HuginnTokenizer, RecurrentLM, sample_depth
 from recurrent_model.checkpoint import write_checkpoint_files
 
 from .config import TrainConfig
-from .distributed import DistContext, bucketed_all_reduce, wrap_model
+from .distributed import DistContext, bucketed_all_reduce, preflight_all_reduce, wrap_model
 from .metrics import (
     MetricsWriter,
     flops_per_token,
@@ -120,6 +120,13 @@ class Trainer:
                 *model.transformer.coda,
             ]:
                 block.compile()
+        if cfg.distributed.preflight_mb > 0:
+            times = preflight_all_reduce(self.ctx, int(cfg.distributed.preflight_mb * 2**20))
+            if self.ctx.is_main:
+                print(
+                    f"preflight: {len(times)} all-reduces up to {cfg.distributed.preflight_mb} "
+                    f"MiB in {sum(times):.2f} s"
+                )
         self.wrapped = wrap_model(self.model, cfg.distributed.strategy, self.ctx)
         self.params = list(dict.fromkeys(self.model.parameters()))  # FSDP swaps in DTensors
         self.names = parameter_names(self.model)

@@ -91,6 +91,7 @@ def launch_two_ranks(root: Path, config: Path, out: Path, *overrides: str) -> li
         cmd += ["--set", o]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "preflight: 5 all-reduces up to 0.05 MiB" in proc.stdout  # 4, 8, 16, 32, 51.2 KiB
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -100,7 +101,12 @@ def test_two_ranks_lock_step_identical_parameters_disjoint_data(tiny, strategy):
     out = root / strategy
     # bucket_mb small: gradients span a few buckets and the embedding is split across two.
     r0, r1 = launch_two_ranks(
-        root, config, out, f"distributed.strategy={strategy}", "distributed.bucket_mb=0.02"
+        root,
+        config,
+        out,
+        f"distributed.strategy={strategy}",
+        "distributed.bucket_mb=0.02",
+        "distributed.preflight_mb=0.05",
     )
     assert r0["world"] == r1["world"] == 2
     assert r0["depths"] == r1["depths"] and len(r0["depths"]) == 4
