@@ -159,7 +159,8 @@ def main() -> None:
         return
     t = report["throughput"]
     print(
-        f"training throughput, {t['params_m']:.1f}M params (h={t['hidden']}, depth 2+2, "
+        f"training throughput ({'compiled blocks' if t['compiled'] else 'eager'}), "
+        f"{t['params_m']:.1f}M params (h={t['hidden']}, depth 2+2, "
         f"{t['tokens_per_step']} tokens/step, {t['threads']} threads):"
     )
     print(
