@@ -26,7 +26,7 @@ def rms_normalize(raw: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray
     return (normed * torch.from_numpy(weight).to(x.dtype)).numpy()
 
 
-@dataclass
+@dataclass(eq=False)
 class Trajectory:
     """States of one sequence: ``raw_states`` (n_runs, num_steps + 1, T, h).
 
