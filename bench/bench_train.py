@@ -139,7 +139,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--block", type=int, default=256)
     p.add_argument("--compile", action="store_true", help="compile the blocks (train.compile)")
     p.add_argument("--skip-memory", action="store_true")
