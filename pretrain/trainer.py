@@ -472,6 +472,7 @@ class Trainer:
                     bar.update(1)
                     bar.set_postfix(
                         loss=f"{record['loss']:.3f}",
+                        gnorm=f"{record['grad_norm']:.2f}",
                         lr=f"{record['lr']:.1e}",
                         tok_s=f"{record['tokens_per_s']:.0f}",
                         mfu=f"{record.get('mfu', 0):.2f}",
