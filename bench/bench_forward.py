@@ -3,6 +3,7 @@
 Everything is measured side by side in one process:
 1. float32 forward at h=256 and h=512, T=256, r=32: the forward's FLOP/s (linear layers + causal
    attention) as a fraction of the FLOP/s torch.mm reaches on exactly the model's matmul shapes.
+   The same after ``model.compile_blocks()`` (inductor fuses the elementwise work).
 2. run_with_cache recording only core.hook_state vs a plain forward (h=256, T=256, r=32).
 3. Peak training memory (forward + backward) at r̄=32 vs r̄=8 with k=8, each in a fresh subprocess.
 
@@ -84,6 +85,8 @@ def forward_efficiency(h: int, tokens: int, steps: int, repeats: int) -> dict:
             repeats,
         )
         fwd_again = best_time(lambda: model(ids, num_steps=steps), repeats)
+        model.compile_blocks(dynamic=False)
+        compiled = best_time(lambda: model(ids, num_steps=steps), repeats)
     fwd = min(fwd, fwd_again)
     mm_time, mm_flops = matmul_time(matmul_shapes(cfg, tokens, steps), repeats)
     model_gflops = (mm_flops + attention_flops(cfg, tokens, steps)) / fwd / 1e9
@@ -93,6 +96,8 @@ def forward_efficiency(h: int, tokens: int, steps: int, repeats: int) -> dict:
         "forward_s": fwd,
         "matmul_s": mm_time,
         "efficiency": model_gflops / matmul_gflops,
+        "compiled_s": compiled,
+        "compiled_efficiency": model_gflops * fwd / compiled / matmul_gflops,
         "model_gflops": model_gflops,
         "matmul_gflops": matmul_gflops,
         "record_s": rec,

@@ -114,12 +114,7 @@ class Trainer:
         model.activation_checkpointing = t.activation_checkpointing
         self.model = model.to(self.device)
         if t.compile:
-            for block in [
-                *model.transformer.prelude,
-                *model.transformer.core_block,
-                *model.transformer.coda,
-            ]:
-                block.compile()
+            model.compile_blocks()
         if cfg.distributed.preflight_mb > 0:
             times = preflight_all_reduce(self.ctx, int(cfg.distributed.preflight_mb * 2**20))
             if self.ctx.is_main:

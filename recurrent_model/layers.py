@@ -52,9 +52,14 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     (a, b) -> (a·cos − b·sin, b·cos + a·sin); cast back to x's dtype.
     """
     pairs = x.float().unflatten(-1, (-1, 2))
-    if not pairs.is_contiguous() and pairs.stride(-1) != 1:
-        pairs = pairs.contiguous()
     rot = table.view(table.shape[0], *([1] * (x.dim() - 3)), table.shape[-1])
+    if torch.compiler.is_compiling():  # inductor fuses real arithmetic but not complex ops
+        a, b = pairs[..., 0], pairs[..., 1]
+        cos, sin = rot.real, rot.imag
+        rotated = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1)
+        return rotated.flatten(-2).type_as(x)
+    if pairs.stride(-1) != 1:
+        pairs = pairs.contiguous()
     return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2).type_as(x)
 
 

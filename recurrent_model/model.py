@@ -128,6 +128,21 @@ class RecurrentLM(nn.Module):
                 s = std
             nn.init.trunc_normal_(param, 0.0, s, -3 * s, 3 * s, generator=generator)
 
+    def blocks(self) -> list[SandwichBlock]:
+        """Every sandwich block: prelude, core, coda."""
+        t = self.transformer
+        return [*t.prelude, *t.core_block, *t.coda]
+
+    def compile_blocks(self, **compile_kwargs: Any) -> RecurrentLM:
+        """torch.compile each sandwich block, so norms, RoPE, SiLU and residual adds fuse.
+
+        Opt-in: compilation takes tens of seconds, and fused float arithmetic may differ from the
+        eager model in the last bits. Hooks keep working (attaching one recompiles).
+        """
+        for block in self.blocks():
+            block.compile(**compile_kwargs)
+        return self
+
     @property
     def name(self) -> str:
         return self.config.name
