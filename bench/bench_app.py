@@ -7,7 +7,7 @@
    first plotly chart is drawn, after a tab switch (to Convergence and back) until its chart is drawn,
    and after changing the step count until the chart is redrawn with the new number of points.
 
-Usage: python bench/bench_app.py [--repeats 3] [--skip-browser]
+Usage: python bench/bench_app.py [--repeats 3] [--skip-browser] [--checkpoint DIR]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def bench_apptest(repeats: int) -> dict[str, float | str]:
+def bench_apptest(repeats: int, checkpoint: str | None = None) -> dict[str, float | str]:
     from streamlit.testing.v1 import AppTest
 
     def check(at: AppTest) -> AppTest:
@@ -49,9 +49,11 @@ def bench_apptest(repeats: int) -> dict[str, float | str]:
         return at
 
     at = AppTest.from_file(APP, default_timeout=600)
+    if checkpoint is not None:
+        at.session_state["checkpoint"] = checkpoint
     first = timed(lambda: check(at.run()))
     out: dict[str, float | str] = {
-        "model": "random stand-in" if at.warning else "checkpoints/default",
+        "model": "random stand-in" if at.warning else checkpoint or "checkpoints/default",
         "tokens × steps × seeds": at.caption[-1].value,
         "first run (cold process) s": first,
     }
@@ -166,8 +168,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-browser", action="store_true")
+    parser.add_argument(
+        "--checkpoint", help="AppTest part on this directory (the browser part uses the default)"
+    )
     args = parser.parse_args()
-    results: dict[str, float | str] = bench_apptest(args.repeats)
+    results: dict[str, float | str] = bench_apptest(args.repeats, args.checkpoint)
     if not args.skip_browser and CHROMIUM.exists():
         results |= bench_browser()
     rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}
