@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "apps" / "trajectories.py")
-CHROMIUM = Path("/usr/bin/chromium")
+from apps.serve import APP as APP_PATH
+from apps.serve import CHROMIUM, CHROMIUM_ARGS, free_port, start_streamlit, stop, wait_healthy
+
+APP = str(APP_PATH)
 CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
 POINTS = (
     "([sel, n]) => { const t = document.querySelector(sel)?.querySelector('.scatterlayer .trace');"
@@ -80,57 +75,19 @@ def bench_apptest(repeats: int, checkpoint: str | None = None) -> dict[str, floa
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_browser() -> dict[str, float]:
     from playwright.sync_api import sync_playwright
 
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        APP,
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--server.fileWatcherType",
-        "none",
-    ]
-    env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    server = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    server = start_streamlit(port)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.5)
+        wait_healthy(url, server, timeout=600)
         with sync_playwright() as p:
             browser = p.chromium.launch(
                 executable_path=str(CHROMIUM),
                 headless=True,
-                args=[
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-quic",
-                    "--no-first-run",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                ],
+                args=CHROMIUM_ARGS,
             )
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             t0 = time.perf_counter()
@@ -154,8 +111,7 @@ def bench_browser() -> dict[str, float]:
             redraw = time.perf_counter() - t0
             browser.close()
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
     return {
         "browser: first chart drawn s": first,
         "browser: tab switch to Convergence, heatmap drawn s": to_convergence,

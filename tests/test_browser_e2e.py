@@ -7,51 +7,14 @@ work on these machines, so the test fails (it is never skipped) when /usr/bin/ch
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from apps.serve import CHROMIUM, CHROMIUM_ARGS, free_port, start_streamlit, stop, wait_healthy
+
 CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, server: subprocess.Popen, log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"streamlit exited with {server.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"streamlit did not answer within {timeout} s:\n{log.read_text()}")
 
 
 @pytest.fixture
@@ -59,34 +22,14 @@ def server(tmp_path) -> Iterator[str]:
     """The app served by `streamlit run` on a free localhost port; its URL."""
     port = free_port()
     log = tmp_path / "streamlit.log"
-    env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(ROOT / "apps" / "trajectories.py"),
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--server.fileWatcherType",
-        "none",
-    ]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = start_streamlit(port, out)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, log)
+        wait_healthy(url, proc, log=log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def test_change_steps_redraws_the_chart_without_errors(server, tmp_path):
