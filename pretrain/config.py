@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from pretrain.data.config import DataConfig
 from recurrent_model import RecurrentConfig, preset
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cpu-tiny.yaml"
@@ -33,19 +34,15 @@ class ModelSection:
 
 
 @dataclass
-class DataSection:
-    """Keyword arguments of ``pretrain.data.DataConfig`` plus where prepared data is cached."""
+class DataSection(DataConfig):
+    """``pretrain.data.DataConfig`` plus where prepared data is cached."""
 
-    sources: list[str] = field(default_factory=lambda: ["starter"])
-    keep_all_sources: list[str] = field(default_factory=list)
-    vocab_size: int = 4096
-    block_size: int = 256
-    val_fraction: float = 0.05
-    seed: int = 0
-    starter_size: str = "small"
-    tokenizer_path: str | None = None
-    invalid_utf8: str = "replace"
     cache_dir: str | None = None  # None: OUT/data
+
+    def data_config(self) -> DataConfig:
+        """The DataConfig part, for ``prepare_data``."""
+        names = {f.name for f in dataclasses.fields(DataConfig)}
+        return DataConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
 
 @dataclass

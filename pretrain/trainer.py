@@ -51,11 +51,10 @@ class TrainingError(RuntimeError):
 
 def prepare(config: TrainConfig, data_dir: Path, ctx: DistContext, progress: bool) -> Any:
     """Rank 0 builds (or reuses) the prepared data; the other ranks wait, then load it."""
-    from pretrain.data import DataConfig, load_prepared, prepare_data
+    from pretrain.data import load_prepared, prepare_data
 
-    fields = {k: v for k, v in asdict(config.data).items() if k != "cache_dir"}
     if ctx.is_main:
-        prepared = prepare_data(DataConfig(**fields), data_dir, progress=progress)
+        prepared = prepare_data(config.data.data_config(), data_dir, progress=progress)
     ctx.barrier()
     if not ctx.is_main:
         prepared = load_prepared(data_dir)
