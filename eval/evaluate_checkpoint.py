@@ -5,7 +5,8 @@ Prints a table and writes results.json, results.md and a plot (HTML) to --out:
 2. accuracy on freshly generated held-out arithmetic vs r, per difficulty (digits per operand);
 3. path independence: final-state spread across 5 random s_0 at 4r̄ (and the phase-blind attractor
    distance), on a few prompts;
-4. the share of tokens classified fixed point / orbit / slider / other on those prompts at 4r̄.
+4. the share of tokens classified fixed point / orbit / slider / other on those prompts at 4r̄;
+5. held-out accuracy of the linear probes (iteration counter; correct vs incorrect arithmetic).
 
 Usage: python eval/evaluate_checkpoint.py --checkpoint checkpoints/default --out eval/results
 The validation rows are rebuilt deterministically from the data config in the checkpoint's
@@ -31,6 +32,7 @@ import recurrent_model as rm
 import workbench as wb
 from pretrain.data import DataConfig, PackedLoader, prepare_data
 from pretrain.data.arithmetic import make_problems, parse_answer, render
+from workbench.arithmetic import Problem, arithmetic_dataset
 
 PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -145,6 +147,35 @@ def trajectory_statistics(
     return pd.DataFrame(spread_rows), shares
 
 
+def probe_accuracies(
+    model: rm.RecurrentLM, r_mean: int, n: int, difficulty: int = 2
+) -> pd.DataFrame:
+    """Held-out accuracy of the workbench's linear probes on this checkpoint.
+
+    Iteration counter: the step index from ln_f(s_i) on the arithmetic prompt at 4r̄. Correctness:
+    correct vs incorrect answers to few-shot held-out problems, from their trajectories at r̄.
+    """
+    ids = model.tokenizer.encode(PROMPTS[-1])
+    counter = wb.iteration_probe(wb.collect(model, ids, 4 * r_mean, progress=False).states[0])
+    problems = [
+        Problem(few_shot_prompt(difficulty, p, 3, k), a)
+        for k, (p, a) in enumerate(make_problems(n, difficulty, 4321))
+    ]
+    frame, features = arithmetic_dataset(model, problems, r_mean, max_new_tokens=difficulty + 2)
+    rows = [
+        {"probe": "iteration counter", "test_accuracy": counter.test_accuracy,
+         "chance": counter.chance, "n_test": counter.n_test},
+    ]  # fmt: skip
+    if 0 < frame["correct"].sum() < len(frame) - 1:
+        correct = wb.correctness_probe(features, frame["correct"].to_numpy())
+        rows.append(
+            {"probe": f"correct vs incorrect ({difficulty}-digit, r={r_mean})",
+             "test_accuracy": correct.test_accuracy, "chance": correct.chance,
+             "n_test": correct.n_test}
+        )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def plot(losses: pd.DataFrame, accuracy: pd.DataFrame, mean_recurrence: int) -> go.Figure:
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("validation loss vs r", "held-out arithmetic accuracy vs r")
@@ -174,7 +205,7 @@ def plot(losses: pd.DataFrame, accuracy: pd.DataFrame, mean_recurrence: int) -> 
     return fig
 
 
-def markdown(losses, accuracy, spread, shares) -> str:
+def markdown(losses, accuracy, spread, shares, probes) -> str:
     acc = accuracy.pivot(index="difficulty", columns="steps", values="accuracy")
     acc.columns = [f"r={c}" for c in acc.columns]
     loss = losses.set_index("steps").T
@@ -225,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     losses = validation_losses(model, loader, depths, args.val_batches)
     accuracy = arithmetic_accuracy(model, depths, args.difficulties, args.problems)
     spread, shares = trajectory_statistics(model, PROMPTS, 4 * r_mean, range(args.seeds))
+    probes = probe_accuracies(model, r_mean, args.problems)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,10 +267,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "arithmetic": accuracy.to_dict("records"),
         "path_independence": spread.to_dict("records"),
         "dynamics_share": shares.to_dict("records"),
+        "probes": probes.to_dict("records"),
         "wall_s": time.perf_counter() - started,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = markdown(losses, accuracy, spread, shares)
+    table = markdown(losses, accuracy, spread, shares, probes)
     (out / "results.md").write_text(table + "\n")
     plot(losses, accuracy, r_mean).write_html(out / "results.html", include_plotlyjs="cdn")
     print(table)

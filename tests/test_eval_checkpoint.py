@@ -90,6 +90,8 @@ def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
     assert {row["steps"] for row in results["arithmetic"]} == {1, 2, 4, 8}
     assert abs(sum(row["share"] for row in results["dynamics_share"]) - 1) < 1e-9
     assert len(results["path_independence"]) == len(evaluate.PROMPTS)
+    assert results["probes"][0]["probe"] == "iteration counter"
+    assert 0 <= results["probes"][0]["test_accuracy"] <= 1
     for name in ("results.json", "results.md", "results.html"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert "Validation loss by recurrence depth" in (tmp_path / "out" / "results.md").read_text()
