@@ -147,12 +147,14 @@ def main() -> None:
         return
     print(f"threads={args.threads} T={args.tokens} r={args.steps} float32")
     print(
-        f"{'h':>5} {'forward s':>10} {'matmul s':>9} {'fwd/mm':>7} {'model GF/s':>10} {'mm GF/s':>8}"
+        f"{'h':>5} {'forward s':>10} {'matmul s':>9} {'fwd/mm':>7} {'model GF/s':>10} "
+        f"{'mm GF/s':>8} {'compiled s':>10} {'compiled/mm':>11}"
     )
     for r in results:
         print(
             f"{r['h']:>5} {r['forward_s']:>10.3f} {r['matmul_s']:>9.3f} {r['efficiency']:>7.1%} "
-            f"{r['model_gflops']:>10.1f} {r['matmul_gflops']:>8.1f}"
+            f"{r['model_gflops']:>10.1f} {r['matmul_gflops']:>8.1f} {r['compiled_s']:>10.3f} "
+            f"{r['compiled_efficiency']:>11.1%}"
         )
     for r in results:
         print(
