@@ -20,9 +20,10 @@ import os
 import time
 from collections.abc import Callable
 
-# OpenMP threads that spin while waiting collapse when the shared 2-core machine is loaded (measured:
-# 5-18 tok/s spinning vs 53 passive at load 10); export OMP_WAIT_POLICY=ACTIVE to override.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's default (spinning) wait policy is right on an idle machine (measured 239 vs 74 tok/s
+# passive); on a loaded shared machine spinning threads collapse (5-18 vs 53 tok/s passive at load 10):
+# there, export OMP_WAIT_POLICY=PASSIVE before running this script.
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 import torch  # noqa: E402
 
