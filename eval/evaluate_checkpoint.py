@@ -219,6 +219,8 @@ def markdown(losses, accuracy, spread, shares, probes) -> str:
             + spread.to_markdown(index=False, floatfmt=".3f"),
             "Dynamics of all prompt tokens at 4r̄:\n\n"
             + shares.to_markdown(index=False, floatfmt=".2f"),
+            "Linear probes (held-out accuracy):\n\n"
+            + probes.to_markdown(index=False, floatfmt=".3f"),
         ]
     )
 

@@ -94,4 +94,5 @@ def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
     assert 0 <= results["probes"][0]["test_accuracy"] <= 1
     for name in ("results.json", "results.md", "results.html"):
         assert (tmp_path / "out" / name).stat().st_size > 0
-    assert "Validation loss by recurrence depth" in (tmp_path / "out" / "results.md").read_text()
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "Validation loss by recurrence depth" in table and "iteration counter" in table
