@@ -13,7 +13,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from recurrent_model import RecurrentLM, load_model, preset
-from recurrent_model.tokenizer import SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
+from recurrent_model.tokenizer import ALL_SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "default"
@@ -30,8 +30,7 @@ def byte_level_tokenizer(vocab_size: int = FALLBACK_VOCAB) -> HuginnTokenizer:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     vocab |= {f"<|unused_{i}|>": i for i in range(len(vocab), offset)}
-    specials = [*SPECIAL_TOKENS]
-    specials += [f"<|reserved_special_token_{i}|>" for i in range(32 - len(specials))]
+    specials = list(ALL_SPECIAL_TOKENS)
     vocab |= {tok: offset + i for i, tok in enumerate(specials)}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

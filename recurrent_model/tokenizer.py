@@ -21,6 +21,11 @@ PAD = "<|pad|>"
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>")
 # In the order they follow each other from the first special id (65504 in the published vocabulary).
 SPECIAL_TOKENS = (BOS, EOS, BEGIN_HEADER, END_HEADER, END_TURN, PAD, *FIM_TOKENS)
+# The last NUM_SPECIAL ids of a vocabulary: the specials above, then reserved placeholders.
+NUM_SPECIAL = 32
+ALL_SPECIAL_TOKENS = SPECIAL_TOKENS + tuple(
+    f"<|reserved_special_token_{i}|>" for i in range(NUM_SPECIAL - len(SPECIAL_TOKENS))
+)
 ASSISTANT_ROLE = "Huginn"
 
 
@@ -30,7 +35,7 @@ class TokenizerError(ValueError):
 
 def special_token_offset(vocab_size: int) -> int:
     """Id of the first special token: 32 below the end of the vocabulary (65504 for 65536)."""
-    return vocab_size - 32
+    return vocab_size - NUM_SPECIAL
 
 
 class HuginnTokenizer:

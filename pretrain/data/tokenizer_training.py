@@ -8,20 +8,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from recurrent_model.tokenizer import (
-    SPECIAL_TOKENS,
-    HuginnTokenizer,
-    special_token_offset,
-)
+from recurrent_model.tokenizer import ALL_SPECIAL_TOKENS as ALL_SPECIALS
+from recurrent_model.tokenizer import SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
 
 from .config import DataError
 
-NUM_SPECIAL = 32
 MAX_TOKEN_LENGTH = 32
-RESERVED_SPECIALS = tuple(
-    f"<|reserved_special_token_{i}|>" for i in range(NUM_SPECIAL - len(SPECIAL_TOKENS))
-)
-ALL_SPECIALS = (*SPECIAL_TOKENS, *RESERVED_SPECIALS)
 
 
 def _filler_token(i: int) -> str:
