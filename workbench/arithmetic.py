@@ -42,19 +42,6 @@ def is_correct(generated: str, answer: str) -> bool:
     return text.startswith(answer) and not text[len(answer) : len(answer) + 1].isdigit()
 
 
-@torch.no_grad()
-def greedy_answer(
-    model: torch.nn.Module, ids: list[int], max_new_tokens: int, num_steps: int, seed: int = 0
-) -> list[int]:
-    """Greedy continuation by full forward passes (prompts are short), s_0 seeded by ``seed``."""
-    out = list(ids)
-    for _ in range(max_new_tokens):
-        x = torch.tensor([out], device=model.device)
-        logits = model(x, num_steps=num_steps, generator=torch.Generator().manual_seed(seed)).logits
-        out.append(int(logits[0, -1].argmax()))
-    return out[len(ids) :]
-
-
 def arithmetic_dataset(
     model: torch.nn.Module,
     problems: Sequence[Problem],
@@ -63,7 +50,8 @@ def arithmetic_dataset(
     feature_steps: Sequence[int] = (-1,),
     seed: int = 0,
 ) -> tuple[pd.DataFrame, np.ndarray]:
-    """Answer every problem greedily, re-run prompt + answer with ``collect`` and featurise it.
+    """Answer every problem greedily (KV-cached ``generate``, s_0 seeded by ``seed``), re-run prompt +
+    answer with ``collect`` and featurise it.
 
     Returns (one row per problem: prompt, answer, generated, correct) and features (n, d) from
     ``trajectory_features`` over the last prompt token and the generated tokens.
@@ -74,7 +62,11 @@ def arithmetic_dataset(
     rows, features = [], []
     for problem in problems:
         ids = tokenizer.encode(problem.prompt)
-        new = greedy_answer(model, ids, max_new_tokens, num_steps, seed)
+        out = model.generate(
+            torch.tensor([ids], device=model.device), max_new_tokens, num_steps=num_steps,
+            generator=torch.Generator(model.device).manual_seed(seed), stop_tokens=[],
+        )  # fmt: skip
+        new = out[0, len(ids) :].tolist()
         generated = tokenizer.decode(new)
         traj = collect(model, ids + new, num_steps, seeds=(seed,), progress=False)
         positions = range(len(ids) - 1, len(ids) + len(new))
