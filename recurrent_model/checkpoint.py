@@ -130,7 +130,10 @@ def load_model(
     """
     directory = Path(path)
     if not directory.exists():
-        raise CheckpointError(f"checkpoint path {directory} does not exist")
+        # A save killed between its two renames leaves the previous checkpoint here, complete.
+        moved = sorted(directory.parent.glob(f".{directory.name}.old-*"))
+        hint = f"; an interrupted save left the previous checkpoint at {moved[-1]}" if moved else ""
+        raise CheckpointError(f"checkpoint path {directory} does not exist{hint}")
     if not directory.is_dir():
         raise CheckpointError(
             f"{directory} is not a directory; a checkpoint is a directory holding config.json "

@@ -234,6 +234,17 @@ def test_crash_during_save_keeps_the_previous_checkpoint(model, tmp_path, monkey
     rm.load_model(target)
 
 
+def test_save_killed_between_renames_points_at_the_previous_checkpoint(model, tmp_path):
+    model.save_pretrained(tmp_path / "ck")
+    (tmp_path / "ck").rename(tmp_path / ".ck.old-1234abcd")  # the state after the first rename
+    with pytest.raises(
+        rm.CheckpointError,
+        match=r"interrupted save left the previous checkpoint at .*\.ck\.old-1234abcd",
+    ):
+        rm.load_model(tmp_path / "ck")
+    rm.load_model(tmp_path / ".ck.old-1234abcd")
+
+
 def test_kill_during_save_leaves_previous_checkpoint(model, tmp_path):
     """A SIGKILL in the middle of writing (here: after the weights, before the swap) loses nothing."""
     target = tmp_path / "ck"
