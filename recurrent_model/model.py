@@ -167,7 +167,8 @@ class RecurrentLM(nn.Module):
         table = self._rope
         if table is None or table.device != self.device:
             cfg = self.config
-            table = rope_table(cfg.head_dim, cfg.block_size, cfg.rope_base, self.device)
+            with torch.inference_mode(False):  # a cached table must also serve autograd later
+                table = rope_table(cfg.head_dim, cfg.block_size, cfg.rope_base, self.device)
             self._rope = table
         return table[start:end]
 

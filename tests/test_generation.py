@@ -218,3 +218,15 @@ def test_bfloat16_model_generates():
     assert out.sequences.shape == (2, 9) and out.sequences.dtype == torch.long
     assert ((out.steps >= 1) & (out.steps <= 3)).all()
     assert out.cache_bytes == rm.KVCache(model.config, 2, 9, 3).memory_bytes // 2  # 2 bytes
+
+
+def test_generated_ids_can_be_trained_on():
+    """generate runs in inference mode, but what it returns is an ordinary tensor."""
+    import recurrent_model as rm
+
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).train()
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    details = model.generate(ids, 3, num_steps=2, stop_tokens=[], return_details=True)
+    assert not details.sequences.is_inference() and not details.steps.is_inference()
+    model(details.sequences, num_steps=2, labels=details.sequences).loss.backward()
