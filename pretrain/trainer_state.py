@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recurrent_model import RecurrentLM, atomic_directory
-from recurrent_model.checkpoint import write_checkpoint_files
+from recurrent_model.checkpoint import CheckpointError, load_weights_into, write_checkpoint_files
 
 STATE_JSON = "trainer_state.json"
 STATE_TENSORS = "trainer_state.safetensors"
@@ -239,15 +239,11 @@ def read_state(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 
 def load_weights(model: RecurrentLM, path: Path) -> None:
-    """Load model.safetensors of a checkpoint into an existing (unwrapped) model, exactly."""
-    weights = load_file(str(path / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise ResumeError(
-            f"{path} does not match the configured model: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
+    """Load a checkpoint's weights into an existing (unwrapped) model, exactly."""
+    try:
+        load_weights_into(model, path)
+    except CheckpointError as exc:
+        raise ResumeError(f"cannot resume from {path}: {exc}") from exc
 
 
 def parameter_names(model: torch.nn.Module) -> dict[int, str]:

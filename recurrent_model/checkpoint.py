@@ -111,6 +111,32 @@ def check_tensors(expected: dict[str, tuple], found: dict[str, tuple[str, tuple]
     return problems
 
 
+def checked_weight_files(directory: Path, model: RecurrentLM) -> dict[str, list[str]]:
+    """The checkpoint's weight files, after checking every tensor name and shape against ``model``."""
+    files = weight_files(directory)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = check_tensors(expected, read_headers(directory, files))
+    if problems:
+        raise CheckpointError(
+            f"{directory} does not match its config ({model.config.shape_summary()}):\n  "
+            + "\n  ".join(problems)
+        )
+    return files
+
+
+@torch.no_grad()
+def load_weights_into(model: RecurrentLM, path: str | os.PathLike) -> None:
+    """Copy a checkpoint's weights into an existing model in place (its parameters stay the same
+    objects, e.g. for an optimizer); names and shapes are checked first, shards read one at a time."""
+    directory = Path(path)
+    params = model.state_dict()
+    for name in checked_weight_files(directory, model):
+        with safe_open(directory / name, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key not in IGNORED_KEYS and key != TIED_HEAD:
+                    params[key].copy_(f.get_tensor(key))
+
+
 def _set_parameter(model: nn.Module, key: str, value: torch.Tensor) -> None:
     module_path, _, attr = key.rpartition(".")
     module = model.get_submodule(module_path)
@@ -148,17 +174,9 @@ def load_model(
     device = torch.device(device) if device is not None else torch.device("cpu")
     dtype = _resolve_dtype(dtype)
 
-    files = weight_files(directory)
-    found = read_headers(directory, files)
     with torch.device("meta"):
         model = RecurrentLM(config, init_weights=False)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    problems = check_tensors(expected, found)
-    if problems:
-        raise CheckpointError(
-            f"{directory} does not match its config ({config.shape_summary()}):\n  "
-            + "\n  ".join(problems)
-        )
+    files = checked_weight_files(directory, model)
 
     head: torch.Tensor | None = None
     for name in files:

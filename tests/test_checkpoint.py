@@ -294,3 +294,16 @@ def test_loading_streams_shards_within_one_model_of_memory(tmp_path):
     assert out.returncode == 0, out.stderr
     grown = int(out.stdout.strip())
     assert grown < 1.5 * size, (grown, size)
+
+
+def test_load_weights_into_keeps_parameter_objects_and_checks_shapes(model, tmp_path):
+    ckpt.save_pretrained(model, tmp_path / "sh", max_shard_bytes=200_000)
+    target = rm.RecurrentLM(rm.preset("tiny"))
+    before = [id(p) for p in target.parameters()]
+    ckpt.load_weights_into(target, tmp_path / "sh")
+    assert [id(p) for p in target.parameters()] == before
+    for a, b in zip(model.state_dict().values(), target.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    wider = rm.RecurrentLM(rm.preset("tiny", intermediate_size=96))
+    with pytest.raises(rm.CheckpointError, match=r"mlp.fc.weight has shape \[256, 64\]"):
+        ckpt.load_weights_into(wider, tmp_path / "sh")
