@@ -16,7 +16,6 @@ provenance.json (cached under --data-cache), using the checkpoint's own tokenize
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -30,7 +29,8 @@ from plotly.subplots import make_subplots
 
 import recurrent_model as rm
 import workbench as wb
-from pretrain.data import DataConfig, PackedLoader, prepare_data
+from pretrain.config import DataSection
+from pretrain.data import PackedLoader, prepare_data
 from pretrain.data.arithmetic import make_problems, parse_answer, render
 from workbench.arithmetic import Problem, arithmetic_dataset
 
@@ -250,9 +250,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     r_mean = model.config.mean_recurrence
     depths = depth_grid(r_mean)
 
-    known = {f.name for f in dataclasses.fields(DataConfig)}
-    data = {k: v for k, v in provenance["config"]["data"].items() if k in known}
-    data_config = DataConfig(**{**data, "tokenizer_path": str(checkpoint / "tokenizer.json")})
+    data = {**provenance["config"]["data"], "tokenizer_path": str(checkpoint / "tokenizer.json")}
+    data_config = DataSection(**data).data_config()
     prepared = prepare_data(data_config, args.data_cache, progress=False)
     loader = PackedLoader(prepared, "val", batch_size=8)
     losses = validation_losses(model, loader, depths, args.val_batches)
