@@ -13,6 +13,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from recurrent_model import RecurrentLM, load_model, preset
+from recurrent_model.checkpoint import resolve_dtype
 from recurrent_model.tokenizer import ALL_SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +67,4 @@ def default_model(
     if (DEFAULT_CHECKPOINT / "config.json").is_file():
         return load_model(DEFAULT_CHECKPOINT, device=device, dtype=dtype)
     model = fallback_model()
-    return model.to(device=device or "cpu", dtype=_dtype(dtype))
-
-
-def _dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype or torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return model.to(device=device or "cpu", dtype=resolve_dtype(dtype))

@@ -172,7 +172,7 @@ def load_model(
     if "name" not in config.extra and config.name == RecurrentConfig.name:
         config.name = directory.resolve().name
     device = torch.device(device) if device is not None else torch.device("cpu")
-    dtype = _resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype)
 
     with torch.device("meta"):
         model = RecurrentLM(config, init_weights=False)
@@ -208,7 +208,8 @@ def load_model(
     return model.eval()
 
 
-def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    """A torch dtype from None (float32), a dtype, or a name such as "bfloat16" or "bf16"."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
