@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from recurrent_model import Depth, RecurrentConfig
+from recurrent_model import Depth, RecurrentConfig, diagnostics
 
 # Dense bf16 peak FLOP/s per device (one GCD for MI250X), by a substring of the device name.
 PEAK_FLOPS_BF16: dict[str, float] = {
@@ -92,17 +92,11 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 # Recurrence health ------------------------------------------------------------------------------
 def token_correlation(states: torch.Tensor) -> float:
-    """Mean off-diagonal cosine similarity between tokens' states, each centred on its own mean
-    (the Pearson correlation between token vectors); (B, T, h) -> scalar. 1 = collapsed tokens."""
-    x = states.float()
-    x = x - x.mean(dim=-1, keepdim=True)
-    x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    sim = x @ x.transpose(-1, -2)  # (B, T, T)
-    T = sim.shape[-1]
-    if T < 2:
+    """Token correlation (recurrent_model.diagnostics) of (B, T, h) states averaged over the batch;
+    NaN for a single token."""
+    if states.shape[-2] < 2:
         return float("nan")
-    off = sim.sum(dim=(-1, -2)) - sim.diagonal(dim1=-2, dim2=-1).sum(-1)
-    return float((off / (T * (T - 1))).mean())
+    return float(diagnostics.token_correlation(states).mean())
 
 
 def recurrence_health(

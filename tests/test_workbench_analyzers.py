@@ -95,3 +95,15 @@ def test_token_correlation_collapse_and_anticorrelation():
     np.testing.assert_allclose(wb.token_correlation(opposite).correlation, -1.0)
     healthy = rng.normal(size=(3, 64, 512))
     assert (wb.token_correlation(healthy).correlation.abs() < 0.05).all()
+
+
+def test_token_correlation_matches_training_telemetry():
+    """Training telemetry and the workbench report the same number for the same states."""
+    import torch
+
+    from pretrain.metrics import token_correlation as logged
+
+    states = np.random.default_rng(3).normal(size=(1, 7, 16)).astype(np.float32)
+    states[0, 3] = 0.0  # a zero vector correlates with nothing in both
+    expected = wb.token_correlation(states).correlation.iloc[0]
+    assert logged(torch.from_numpy(states)) == pytest.approx(expected, rel=1e-5)
