@@ -11,7 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from workbench import figures
+from recurrent_model.sampling import EXIT_CRITERIA as MODEL_EXIT_CRITERIA
+from workbench import figures, position_labels
 from workbench.dynamics import KINDS, MIN_TAIL
 
 from . import compute
@@ -19,14 +20,7 @@ from .inputs import RunSettings
 from .messages import shown_as_message
 
 PC_PAIRS = {"PC1 / PC2": (0, 1), "PC3 / PC4": (2, 3), "PC5 / PC6": (4, 5)}
-EXIT_CRITERIA = (
-    "none (fixed steps)",
-    "kl",
-    "latent-diff",
-    "entropy-diff",
-    "cosine",
-    "argmax-stability",
-)
+EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
 
 
 @dataclass
@@ -44,7 +38,7 @@ class Context:
 
     @property
     def labels(self) -> list[str]:
-        return [f"{i}: {t!r}" for i, t in enumerate(self.traj.tokens)]
+        return position_labels(self.traj.tokens, self.traj.n_tokens)
 
     def token_picker(self, label: str, key: str, default: int = 0) -> int:
         positions = list(range(self.traj.n_tokens))

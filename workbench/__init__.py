@@ -3,6 +3,7 @@
 Data flows one way: model → hooks → ``Trajectory`` → analyzers (DataFrames / arrays) → figures.
 """
 
+from ._frames import position_labels
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
 from .dynamics import classify_dynamics
@@ -27,6 +28,7 @@ __all__ = [
     "iteration_probe",
     "lens",
     "path_independence",
+    "position_labels",
     "project",
     "step_dynamics",
     "steps_to_converge",

@@ -28,6 +28,14 @@ def token_labels(tokens: Sequence[str] | None, n: int) -> np.ndarray:
     return np.asarray(list(tokens), dtype=object)
 
 
+def position_labels(tokens: Sequence[str] | None, n: int, width: int = 40) -> list[str]:
+    """Unique display labels "i: 'token'" for n positions, cut to ``width`` characters (the
+    position alone when no tokens are given): the one label format of figures and the app."""
+    if tokens is None:
+        return [str(i) for i in range(n)]
+    return [f"{i}: {t!r}"[:width] for i, t in enumerate(token_labels(tokens, n))]
+
+
 def position_step_frame(
     columns: dict[str, np.ndarray], tokens: Sequence[str] | None
 ) -> pd.DataFrame:

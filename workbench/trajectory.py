@@ -94,10 +94,6 @@ class Trajectory:
         """The default view: normalised unless collected with normalized=False."""
         return self.normalized_states if self.normalized else self.raw_states
 
-    def labels(self) -> list[str]:
-        """Unique display labels "position: token" for plots."""
-        return [f"{i}: {t}" for i, t in enumerate(self.tokens)]
-
     def select(
         self, runs: Sequence[int] | None = None, init_scale: float | None = None
     ) -> Trajectory:

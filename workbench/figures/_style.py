@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import plotly.graph_objects as go
 
 STEP_COLORSCALE = "Viridis"
-
-
-def labels_for(tokens: Sequence[str] | None, n: int) -> list[str]:
-    """Unique per-position labels "i: token" (the position alone when no tokens are given)."""
-    if tokens is None:
-        return [str(i) for i in range(n)]
-    if len(tokens) != n:
-        raise ValueError(f"{len(tokens)} token strings for {n} positions")
-    return [f"{i}: {t!r}"[:40] for i, t in enumerate(tokens)]
 
 
 def step_path(

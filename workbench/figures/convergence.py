@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ._style import labels_for
+from .._frames import position_labels
 
 
 def frame_matrix(frame: pd.DataFrame, value: str) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -17,7 +17,7 @@ def frame_matrix(frame: pd.DataFrame, value: str) -> tuple[np.ndarray, list[str]
     tokens = frame.drop_duplicates("position").set_index("position").loc[table.index, "token"]
     return (
         table.to_numpy(dtype=float),
-        labels_for(list(tokens), len(tokens)),
+        position_labels(list(tokens), len(tokens)),
         table.columns.to_numpy(),
     )
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ._style import labels_for
+from .._frames import position_labels
 
 
 def steps_per_token_bars(
@@ -16,7 +16,7 @@ def steps_per_token_bars(
 ) -> go.Figure:
     """Bars of the iterations spent on each (generated) token, e.g. with an adaptive exit."""
     counts = np.asarray(list(steps))
-    labels = labels_for(tokens, len(counts))
+    labels = position_labels(tokens, len(counts))
     fig = go.Figure(
         go.Bar(
             x=labels,

@@ -8,7 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._style import labels_for, step_path
+from .._frames import position_labels
+from ._style import step_path
 
 DEFAULT_PAIRS = ((0, 1), (2, 3), (4, 5))
 
@@ -31,7 +32,7 @@ def pc_pair_panels(
     pairs = [p for p in pairs if max(p) < k]
     if not pairs or not positions:
         raise ValueError(f"need at least one token and one PC pair within the {k} components")
-    labels = labels_for(tokens, coords.shape[1])
+    labels = position_labels(tokens, coords.shape[1])
 
     def axis(c: int) -> str:
         ev = f" ({100 * explained_variance[c]:.1f}%)" if explained_variance is not None else ""
@@ -65,7 +66,7 @@ def waterfall_3d(
     coords = np.asarray(coords)
     if coords.ndim != 3:
         raise ValueError(f"coords must be (steps + 1, T, k), got shape {coords.shape}")
-    labels = labels_for(tokens, coords.shape[1])
+    labels = position_labels(tokens, coords.shape[1])
     positions = range(coords.shape[1]) if positions is None else positions
     a, b = components
     fig = go.Figure()

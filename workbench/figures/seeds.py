@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from ._style import labels_for
+from .._frames import position_labels
 
 
 def seed_overlay(
@@ -53,7 +53,7 @@ def seed_overlay(
                 hoverinfo="skip",
             )
         )
-    label = labels_for(tokens, coords.shape[2])[position]
+    label = position_labels(tokens, coords.shape[2])[position]
     fig.update_layout(
         title=f"seeds for token {label}",
         xaxis_title=f"PC{a + 1}",
