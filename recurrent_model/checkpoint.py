@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ConfigError, RecurrentConfig
+from .hub import HubError, download_checkpoint, looks_like_hub_id
 from .model import RecurrentLM
 
 SINGLE_FILE = "model.safetensors"
@@ -151,10 +152,19 @@ def load_model(
 ) -> RecurrentLM:
     """Load a Huginn-layout checkpoint directory (one safetensors file or index + shards), in eval mode.
 
+    A ``path`` that does not exist but looks like a hub id ("org/name", "org/name@revision") is
+    resolved through huggingface_hub's cache (``recurrent_model.hub``; safetensors only).
+
     ``dtype`` defaults to float32; ``device`` to the CPU. Raises CheckpointError / ConfigError naming
     the problem for anything that is not a loadable checkpoint.
     """
-    directory = Path(path)
+    directory, label = Path(path), None
+    # "org/name" with no local "org/" folder: a hub id (a typo under a local folder stays local)
+    if not directory.exists() and not directory.parent.exists() and looks_like_hub_id(path):
+        try:
+            directory, label = download_checkpoint(os.fspath(path)), os.fspath(path)
+        except HubError as exc:
+            raise CheckpointError(f"no local checkpoint directory {path}, and {exc}") from exc
     if not directory.exists():
         # A save killed between its two renames leaves the previous checkpoint here, complete.
         moved = sorted(directory.parent.glob(f".{directory.name}.old-*"))
@@ -170,7 +180,7 @@ def load_model(
         raise CheckpointError(f"{directory} has no config.json, so it is not a checkpoint")
     config = RecurrentConfig.from_json(config_path)
     if "name" not in config.extra and config.name == RecurrentConfig.name:
-        config.name = directory.resolve().name
+        config.name = label or directory.resolve().name
     device = torch.device(device) if device is not None else torch.device("cpu")
     dtype = resolve_dtype(dtype)
 
