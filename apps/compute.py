@@ -19,11 +19,11 @@ import torch
 
 import recurrent_model
 import workbench
+from recurrent_model.standin import DEFAULT_CHECKPOINT, default_model
+from recurrent_model.threads import threads_for
 from workbench.dynamics import rotation_plane
 
-from .fallback_model import DEFAULT_CHECKPOINT, default_model
 from .inputs import RunSettings
-from .runtime import threads_for
 
 ModelKey = str
 TrajKey = tuple

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fallback_model import REPO_ROOT
+from recurrent_model.standin import REPO_ROOT
 
 MAX_STEPS = 256
 MAX_SEEDS = 8

@@ -19,9 +19,9 @@ import streamlit as st  # noqa: E402
 import torch  # noqa: E402
 
 from apps import compute, inputs  # noqa: E402
-from apps.fallback_model import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 from apps.messages import shown_as_message  # noqa: E402
 from apps.views import VIEWS, Context  # noqa: E402
+from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
 

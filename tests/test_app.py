@@ -16,7 +16,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import workbench
-from apps.fallback_model import DEFAULT_CHECKPOINT, FALLBACK_CONTEXT
+from recurrent_model.standin import DEFAULT_CHECKPOINT, FALLBACK_CONTEXT
 
 APP = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
 TIMEOUT = 240
@@ -225,7 +225,7 @@ def test_changing_only_the_view_recomputes_nothing(monkeypatch):
 
 
 def test_any_huginn_layout_directory_opens(tmp_path):
-    from apps.fallback_model import fallback_model
+    from recurrent_model.standin import fallback_model
 
     model = fallback_model(seed=3)
     model.config.name = "saved-tiny"

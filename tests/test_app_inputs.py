@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from apps import inputs
-from apps.fallback_model import (
+from recurrent_model import load_model
+from recurrent_model.standin import (
     DEFAULT_CHECKPOINT,
     FALLBACK_CONTEXT,
     byte_level_tokenizer,
     fallback_model,
     is_fallback,
 )
-from recurrent_model import load_model
 from recurrent_model.tokenizer import SPECIAL_TOKENS
 
 
@@ -96,7 +96,7 @@ def test_resolve_checkpoint(tmp_path):
 
 
 def test_small_models_run_single_threaded_and_the_setting_is_restored(monkeypatch):
-    from apps import runtime
+    from recurrent_model import threads as runtime
 
     model = fallback_model()
     before = torch.get_num_threads()

@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from recurrent_model import RecurrentLM, load_model, preset
-from recurrent_model.checkpoint import resolve_dtype
-from recurrent_model.tokenizer import ALL_SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
+from .checkpoint import load_model, resolve_dtype
+from .config import preset
+from .model import RecurrentLM
+from .tokenizer import ALL_SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (editable install)
 DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "default"
 FALLBACK_NAME = "random-init-tiny (UNTRAINED)"
 FALLBACK_VOCAB = 512

@@ -1,4 +1,4 @@
-"""Thread settings for small models on the CPU (no Streamlit here: the notebooks use it too).
+"""Thread settings for small models on the CPU for the app and the notebooks.
 
 A small model's matrices are too small to split between threads, and on busy cores the threads
 wait for each other: a 32-step, 5-seed collection of the tiny model took 0.26 s on one thread and
