@@ -1,0 +1,168 @@
+"""Activation patching over depth: which (position, iteration) of the recurrence carries the answer.
+
+The corrupted run gets the clean run's activation put in at one (position, step) of a hook (denoising;
+``direction="noising"`` puts the corrupted activation into the clean run instead). The measure is
+``restored`` = (m_patched − m_corrupted) / (m_clean − m_corrupted), m the log-probability of the target
+token at the last position: 1 = the patch alone restores the clean answer, 0 = it changes nothing.
+Many patches run as one batched forward (each batch row carries its own patch), so a whole
+position × step grid costs a few forwards instead of one per cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .interventions_common import (
+    cached_index,
+    check_steps,
+    hook_steps,
+    log_probs,
+    one_sequence,
+    run_init,
+    token_labels,
+)
+
+DIRECTIONS = ("denoising", "noising")
+
+
+def _positions(positions: str | Sequence[int], length: int) -> list[int]:
+    """ "each" → 0 … T−1, "all" → [−1] (every position at once), or explicit positions in range."""
+    if isinstance(positions, str):
+        if positions == "each":
+            return list(range(length))
+        if positions == "all":
+            return [-1]
+        raise ValueError(
+            f'positions must be "each", "all" or a list of positions, got {positions!r}'
+        )
+    chosen = [int(p) for p in positions]
+    bad = [p for p in chosen if not 0 <= p < length]
+    if bad or not chosen:
+        raise ValueError(f"positions {bad or chosen} are not within 0 … {length - 1}")
+    return chosen
+
+
+def _patch_hook(cells: list[tuple[int, int | None]], source: torch.Tensor, hook: str, length: int):
+    """A hook that writes ``source``'s activation into batch row b at cell b's (position, step).
+
+    ``source`` is run_with_cache's tensor for the hook (stacked over steps when iterated, batch 1).
+    Rows are grouped by step once, so each firing costs one masked ``where``.
+    """
+    masks: dict[int | None, torch.Tensor] = {}
+    for row, (pos, step) in enumerate(cells):
+        mask = masks.setdefault(
+            step, torch.zeros(len(cells), length, 1, dtype=torch.bool, device=source.device)
+        )
+        if pos < 0:
+            mask[row] = True
+        else:
+            mask[row, pos] = True
+
+    def fn(x: torch.Tensor, h) -> torch.Tensor | None:
+        mask = masks.get(h.step)
+        if mask is None:
+            return None
+        index = cached_index(hook, h.step)
+        src = source if index is None else source[index]
+        return torch.where(mask, src[0].to(x.dtype), x)
+
+    return fn
+
+
+def patch_states(
+    model,
+    clean_ids: torch.Tensor | np.ndarray | Sequence[int],
+    corrupted_ids: torch.Tensor | np.ndarray | Sequence[int],
+    num_steps: int,
+    *,
+    target: int | None = None,
+    positions: str | Sequence[int] = "each",
+    hook: str = "core.hook_state",
+    init_scale: float = 0.0,
+    steps: Sequence[int] | None = None,
+    direction: str = "denoising",
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Patch ``hook``'s activation between a clean and a corrupted run at every (position, step).
+
+    clean_ids / corrupted_ids: one sequence each, same length. ``positions``: "each" (one patch per
+    position), "all" (every position at once, reported as position −1) or a list. ``steps``: the
+    iterations to patch (default: every step the hook fires: 0 … r for core.hook_state, 1 … r for the
+    per-iteration core sub-layer hooks; hooks outside the core fire once and get step −1). s_0 is
+    zeros for init_scale 0, else one seeded draw shared by every run. ``target``: the token whose
+    last-position log-probability is measured (default: the clean run's top token there).
+    ``direction``: "denoising" (clean activation into the corrupted run) or "noising" (corrupted
+    activation into the clean run); ``restored`` has the same formula for both. ``batch_size``
+    patches run per batched forward (1 = one at a time).
+
+    Returns one row per (position, step): ``position``, ``step``, ``token``, ``restored`` and
+    ``logprob`` (m_patched).
+    """
+    clean = one_sequence(clean_ids, "clean_ids").to(model.device)
+    corrupted = one_sequence(corrupted_ids, "corrupted_ids").to(model.device)
+    if clean.shape != corrupted.shape:
+        raise ValueError(
+            f"clean_ids and corrupted_ids must have the same length, got {clean.shape[1]} and "
+            f"{corrupted.shape[1]}"
+        )
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    num_steps = int(num_steps)
+    length = clean.shape[1]
+    chosen_steps = check_steps(steps, hook_steps(model, hook, num_steps), hook)
+    chosen_positions = _positions(positions, length)
+
+    with torch.no_grad():
+        init = run_init(model, length, init_scale, seed, 1)
+        out_clean, cache_clean = model.run_with_cache(
+            clean, num_steps=num_steps, names_filter=hook, **init
+        )
+        out_corr, cache_corr = model.run_with_cache(
+            corrupted, num_steps=num_steps, names_filter=hook, **init
+        )
+        lp_clean, lp_corr = log_probs(out_clean.logits), log_probs(out_corr.logits)
+        if target is None:
+            target = int(lp_clean[0].argmax())
+        if not 0 <= int(target) < lp_clean.shape[-1]:
+            raise ValueError(f"target {target} is not a token id of this model")
+        m_clean, m_corr = float(lp_clean[0, target]), float(lp_corr[0, target])
+        if m_clean == m_corr:
+            raise ValueError(
+                "the clean and corrupted runs give the target the same log-probability "
+                f"({m_clean:.6g}): restored is undefined; pick another target or corruption"
+            )
+        if direction == "denoising":
+            base_ids, source = corrupted, cache_clean[hook]
+        else:
+            base_ids, source = clean, cache_corr[hook]
+
+        cells = [(p, s) for p in chosen_positions for s in chosen_steps]
+        patched = np.empty(len(cells))
+        starts = range(0, len(cells), int(batch_size))
+        for start in tqdm(starts, desc="patching", disable=not progress):
+            chunk = cells[start : start + int(batch_size)]
+            fn = _patch_hook(chunk, source, hook, length)
+            init = run_init(model, length, init_scale, seed, len(chunk))
+            with model.hooks([(hook, fn)]):
+                out = model(base_ids.expand(len(chunk), -1), num_steps=num_steps, **init)
+            patched[start : start + len(chunk)] = log_probs(out.logits)[:, target].cpu().numpy()
+
+    labels = token_labels(model, clean)
+    return pd.DataFrame(
+        {
+            "position": [p for p, _ in cells],
+            "step": [-1 if s is None else s for _, s in cells],
+            "token": ["(all)" if p < 0 else labels[p] for p, _ in cells],
+            "restored": (patched - m_corr) / (m_clean - m_corr),
+            "logprob": patched,
+        }
+    )
