@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .atomic_io import atomic_directory
 from .config import ConfigError, RecurrentConfig
 from .hub import HubError, download_checkpoint, looks_like_hub_id
 from .model import RecurrentLM
@@ -238,44 +235,6 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
 
 
 # Writing -----------------------------------------------------------------------------------------
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling directory; on success it replaces ``path`` in one rename.
-
-    If the block raises (or the process dies), ``path`` keeps its previous content and the temporary
-    directory is removed (or left as a hidden ``.NAME.tmp-*`` sibling that the next save ignores).
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        for child in tmp.iterdir():
-            if child.is_file():
-                _fsync(child)
-        _fsync(tmp)
-        trash = None
-        if target.exists():
-            trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(target, trash)
-        os.rename(tmp, target)
-        _fsync(target.parent)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def write_checkpoint_files(
     model: RecurrentLM, directory: str | os.PathLike, max_shard_bytes: int | None = None
 ) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from recurrent_model.atomic_io import atomic_write_text, replace_durably
 from recurrent_model.tokenizer import HuginnTokenizer, TokenizerError
 
 from .config import STARTER, DataConfig, DataError, PreparedData
@@ -219,7 +220,7 @@ def prepare_data(config: DataConfig, out_dir: str | Path, progress: bool = True)
         _check_rows(prepared, config)
         final = out_dir / build_name
         shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        replace_durably(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -260,12 +261,7 @@ def _write_manifest(out_dir: Path, key: str, config: DataConfig, prepared: Prepa
         "config": asdict(config),
         "prepared": prepared.to_json(),
     }
-    tmp = out_dir / f".{MANIFEST}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / MANIFEST)
+    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
 
 
 def _prune(out_dir: Path, keep: str) -> None:
