@@ -4,35 +4,62 @@ Data flows one way: model → hooks → ``Trajectory`` → analyzers (DataFrames
 """
 
 from ._frames import position_labels
+from .ablation import AblationResult, ablate_subspace, project_out_hook, token_rotation_plane
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
 from .dynamics import classify_dynamics
 from .lenses import lens, sublayer_lens
+from .patching import patch_states
 from .path_independence import attractor_distance, path_independence
 from .probes import ProbeResult, correctness_probe, iteration_probe, trajectory_features
 from .projections import project
+from .steering import (
+    SteeringEffect,
+    add_vector_hook,
+    difference_of_means,
+    pca_direction,
+    plane_vector,
+    rotate_plane_hook,
+    steered_generation,
+    steering_effect,
+    steering_sweep,
+)
 from .step_dynamics import step_dynamics
 from .token_correlation import token_correlation
 from .trajectory import Trajectory
 
 __all__ = [
+    "AblationResult",
     "ProbeResult",
+    "SteeringEffect",
     "Trajectory",
     "TrajectoryTooLarge",
+    "ablate_subspace",
+    "add_vector_hook",
     "attractor_distance",
     "classify_dynamics",
     "collect",
     "collect_sublayers",
     "convergence",
     "correctness_probe",
+    "difference_of_means",
     "iteration_probe",
     "lens",
+    "patch_states",
     "path_independence",
+    "pca_direction",
+    "plane_vector",
     "position_labels",
     "project",
+    "project_out_hook",
+    "rotate_plane_hook",
+    "steered_generation",
+    "steering_effect",
+    "steering_sweep",
     "step_dynamics",
     "steps_to_converge",
     "sublayer_lens",
     "token_correlation",
+    "token_rotation_plane",
     "trajectory_features",
 ]
