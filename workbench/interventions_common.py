@@ -141,4 +141,5 @@ def orthonormal_rows(basis: np.ndarray | torch.Tensor) -> torch.Tensor:
     q, r = torch.linalg.qr(b.T)
     if (r.diagonal().abs() < 1e-10 * max(float(b.abs().max()), 1e-300)).any():
         raise ValueError("the basis vectors are linearly dependent (or zero)")
-    return q.T.contiguous()
+    signs = torch.sign(r.diagonal())  # Gram–Schmidt order and signs: row 0 is b[0] / ‖b[0]‖
+    return (q * signs).T.contiguous()
