@@ -267,3 +267,27 @@ def test_ablating_a_direction_batched_equals_one_by_one(model, pair):
     a = wb.ablate_subspace(model, pair[0], STEPS, 2, basis=direction, n_random=4, batch_size=5)
     b = wb.ablate_subspace(model, pair[0], STEPS, 2, basis=direction, n_random=4, batch_size=1)
     np.testing.assert_allclose(a.table.effect, b.table.effect, rtol=1e-4, atol=1e-9)
+
+
+# Figures -----------------------------------------------------------------------------------------
+def test_figures_carry_the_numbers(model, pair):
+    from workbench.figures import ablation_control_figure, patching_heatmap, steering_sweep_figure
+
+    df = wb.patch_states(model, *pair, STEPS, positions=[1, 2])
+    heat = patching_heatmap(df).data[0]
+    np.testing.assert_allclose(np.asarray(heat.z), _grid(df).to_numpy())
+    assert heat.zmin == -heat.zmax and len(heat.y) == 2
+    everywhere = patching_heatmap(wb.patch_states(model, *pair, STEPS, positions="all"))
+    assert everywhere.data[0].y == ("all positions",)
+
+    sweep = wb.steering_sweep(model, pair[0], STEPS, _vector(model), [0.0, 1.0, 4.0], steps=(1, 2))
+    assert sweep.kl[0] == 0.0 and sweep.kl[2] > 0
+    fig = steering_sweep_figure(sweep)
+    np.testing.assert_allclose(fig.data[0].y, sweep.kl)
+
+    res = wb.ablate_subspace(model, pair[0], 16, position=3, n_random=5)
+    hist = ablation_control_figure(res.table)
+    np.testing.assert_allclose(hist.data[0].x, res.control)
+    assert hist.layout.shapes[0].x0 == pytest.approx(res.effect)
+    with pytest.raises(ValueError, match="columns"):
+        patching_heatmap(sweep)

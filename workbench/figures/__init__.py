@@ -2,18 +2,22 @@
 
 from .convergence import convergence_heatmap
 from .curves import step_curves, steps_per_token_bars, token_correlation_curve
+from .interventions import ablation_control_figure, patching_heatmap, steering_sweep_figure
 from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
 from .seeds import seed_overlay, spread_curves
 
 __all__ = [
+    "ablation_control_figure",
     "convergence_heatmap",
     "lens_heatmap",
     "lens_table",
+    "patching_heatmap",
     "pc_pair_panels",
     "rotation_panel",
     "seed_overlay",
     "spread_curves",
+    "steering_sweep_figure",
     "step_curves",
     "steps_per_token_bars",
     "token_correlation_curve",
