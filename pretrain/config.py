@@ -79,10 +79,15 @@ class TrainSection:
 
 @dataclass
 class DistributedSection:
-    """How ranks share gradients: ddp, fsdp (FSDP2 fully_shard) or bucketed (the recipe's all-reduce)."""
+    """How ranks share the work: ddp, fsdp (FSDP2 fully_shard), hsdp (FSDP2 sharded within a node,
+    replicated across nodes) or bucketed (the recipe's all-reduce with ZeRO-1 sharded moments)."""
 
     strategy: str = "ddp"
     bucket_mb: float = 64.0
+    shard_size: int = 0  # hsdp: ranks per shard group; 0 = the ranks of one node
+    async_checkpoint: bool = (
+        False  # write checkpoint shards in a background thread (dcp.async_save)
+    )
     timeout_minutes: int = 30
     preflight_mb: float = 0.0  # > 0: growing all-reduces up to this size before training
 
@@ -94,6 +99,7 @@ class ClusterSection:
     name: str = "frontier"
     nodes: int = 1
     gpus_per_node: int = 8
+    device: str = "mi250x"  # for the memory plan (--plan): mi250x, mi300x, h100, h200
     cpus_per_task: int = 7
     time: str = "02:00:00"
     account: str = "CHANGE_ME"
@@ -115,7 +121,7 @@ SECTIONS: dict[str, type] = {
     "distributed": DistributedSection,
     "cluster": ClusterSection,
 }
-STRATEGIES = ("ddp", "fsdp", "bucketed")
+STRATEGIES = ("ddp", "fsdp", "hsdp", "bucketed")
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
@@ -171,6 +177,8 @@ class TrainConfig:
                 raise TrainConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
         if d.bucket_mb <= 0:
             raise TrainConfigError(f"distributed.bucket_mb must be > 0, got {d.bucket_mb}")
+        if d.shard_size < 0:
+            raise TrainConfigError(f"distributed.shard_size must be >= 0, got {d.shard_size}")
         if t.keep_last < 1:
             raise TrainConfigError(f"train.keep_last must be >= 1, got {t.keep_last}")
         if t.lr <= 0:
