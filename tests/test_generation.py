@@ -230,3 +230,48 @@ def test_generated_ids_can_be_trained_on():
     details = model.generate(ids, 3, num_steps=2, stop_tokens=[], return_details=True)
     assert not details.sequences.is_inference() and not details.steps.is_inference()
     model(details.sequences, num_steps=2, labels=details.sequences).loss.backward()
+
+
+def test_speculative_sampling_draws_from_the_target_distribution(model):
+    """The accept/resample rule leaves the verified model's distribution intact: the first token of
+    speculative sampling follows the full-depth distribution p exactly (chi-square goodness of fit),
+    although the drafts come from a clearly different distribution q; the first two tokens jointly
+    match plain sampling's (chi-square test of homogeneity)."""
+    from scipy.stats import chi2_contingency, chisquare
+
+    from recurrent_model.sampling import Sampler
+
+    n, steps, draft = 4000, 8, 1
+    ids = prompt(1, 5, seed=5)  # p and q overlap by about half: drafts are often accepted
+    options = dict(num_steps=steps, do_sample=True, temperature=0.5, top_k=4, init_scale=0.0,
+                   stop_tokens=())  # fmt: skip
+    sampler = Sampler(do_sample=True, temperature=0.5, top_k=4)
+    with torch.no_grad():
+        p = sampler.probs(model(ids, num_steps=steps, init_scale=0.0).logits[:, -1])[0]
+        q = sampler.probs(model(ids, num_steps=draft, init_scale=0.0).logits[:, -1])[0]
+    assert 0.5 * (p - q).abs().sum() > 0.4  # drafts alone would fail the test below
+    batch = ids.expand(n, -1)
+    spec = generate(model, batch, 2, draft_steps=draft, lookahead=2,
+                    generator=torch.Generator().manual_seed(1), **options)[:, -2:]  # fmt: skip
+    plain = generate(model, batch, 2, generator=torch.Generator().manual_seed(2), **options)[:, -2:]
+
+    support = torch.nonzero(p > 0).squeeze(-1)
+    first = torch.bincount(spec[:, 0], minlength=p.numel())
+    assert first.sum() == first[support].sum()  # nothing outside the target's support
+    observed = first[support].double().numpy()
+
+    def expected(dist):
+        d = dist[support].double()
+        return (n * d / d.sum()).numpy()
+
+    assert chisquare(observed, expected(p)).pvalue > 1e-3
+    assert 0.5 * (first / n - q).abs().sum() > 0.3  # far from the drafts' distribution
+
+    pairs = sorted({tuple(r) for r in torch.cat([spec, plain]).tolist()})
+    index = {pair: i for i, pair in enumerate(pairs)}
+    table = torch.zeros(2, len(pairs))
+    for row, sample in enumerate((spec, plain)):
+        for pair in sample.tolist():
+            table[row, index[tuple(pair)]] += 1
+    table = table[:, table.sum(0) >= 10]  # the test's approximation needs populated cells
+    assert chi2_contingency(table.numpy()).pvalue > 1e-3
