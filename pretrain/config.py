@@ -85,9 +85,8 @@ class DistributedSection:
     strategy: str = "ddp"
     bucket_mb: float = 64.0
     shard_size: int = 0  # hsdp: ranks per shard group; 0 = the ranks of one node
-    async_checkpoint: bool = (
-        False  # write checkpoint shards in a background thread (dcp.async_save)
-    )
+    # True: checkpoint shards are written by a background thread (dcp.async_save)
+    async_checkpoint: bool = False
     timeout_minutes: int = 30
     preflight_mb: float = 0.0  # > 0: growing all-reduces up to this size before training
 
