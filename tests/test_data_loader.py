@@ -194,7 +194,7 @@ def test_corpus_too_small_for_a_row(tmp_path):
 
 
 def test_load_prepared_without_manifest(tmp_path):
-    with pytest.raises(DataError, match="run prepare_data"):
+    with pytest.raises(DataError, match="manifest.json missing.*pretrain/prepare.py"):
         load_prepared(tmp_path)
 
 

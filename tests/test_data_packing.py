@@ -1,5 +1,7 @@
 """The packer on a hand-made corpus: exact rows, dropped tails, keep-all continuation, shards."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -54,8 +56,15 @@ def test_shard_writer_splits_and_round_trips(tmp_path, monkeypatch):
     for row in rows:
         writer.write(row)
     shards = writer.close()
-    assert shards == [["train-00000.npy", 3], ["train-00001.npy", 3], ["train-00002.npy", 1]]
-    stored = np.concatenate([np.load(tmp_path / name) for name, _ in shards])
+    assert [s[:2] for s in shards] == [
+        ["train-00000.npy", 3],
+        ["train-00001.npy", 3],
+        ["train-00002.npy", 1],
+    ]
+    for name, _, size, sha in shards:
+        data = (tmp_path / name).read_bytes()
+        assert size == len(data) and sha == hashlib.sha256(data).hexdigest()
+    stored = np.concatenate([np.load(tmp_path / s[0]) for s in shards])
     assert stored.dtype == np.uint16 and stored.tolist() == rows
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,12 @@ class DataError(ValueError):
 class DataConfig:
     """What to read, how to tokenize it and how to pack it into rows of ``block_size + 1`` tokens.
 
-    ``sources``: "starter" (the embedded corpus) or paths (directories of text/code files, ``.jsonl`` or
-    ``.parquet`` with a ``text`` column). ``keep_all_sources`` names sources (or ``"source:kind"``, e.g.
+    ``sources``: "starter" (the embedded corpus), paths (directories of text/code files, ``.jsonl`` or
+    ``.parquet`` with a ``text`` column) or ``hf:PATH`` (a Hugging Face ``datasets`` directory written
+    by ``save_to_disk``, or local json/jsonl/parquet/csv files read by ``load_dataset``; ``@split``
+    picks a split). ``weights`` maps a source to its mixture weight (default 1): each of its documents
+    is emitted ``floor(w)`` times plus once more with probability ``w - floor(w)``, seeded, so 0.5 keeps
+    about half and 2 repeats every document. ``keep_all_sources`` names sources (or ``"source:kind"``, e.g.
     ``"starter:stdlib"``) whose documents continue into the next rows instead of losing their tail.
     ``invalid_utf8``: "replace" (U+FFFD per bad byte) or "skip" (drop the document); both are counted.
     """
@@ -35,6 +40,11 @@ class DataConfig:
     starter_size: str = "small"
     tokenizer_path: str | None = None
     invalid_utf8: str = "replace"
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def weight(self, source: str) -> float:
+        """The mixture weight of ``source`` (1 when not named in ``weights``)."""
+        return float(self.weights.get(source, 1.0))
 
     def validate(self) -> None:
         if not self.sources:
@@ -66,13 +76,28 @@ class DataConfig:
         ]
         if unknown:
             raise DataError(f"keep_all_sources names source(s) not in sources: {unknown}")
+        self._validate_weights()
+
+    def _validate_weights(self) -> None:
+        if not isinstance(self.weights, dict):
+            raise DataError(f"weights must map a source to a number, got {self.weights!r}")
+        unknown = sorted(set(self.weights) - set(self.sources))
+        if unknown:
+            raise DataError(f"weights names source(s) not in sources: {unknown}")
+        for source, weight in self.weights.items():
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise DataError(f"weights[{source!r}] = {weight!r} is not a number")
+            if not math.isfinite(weight) or weight < 0:
+                raise DataError(f"weights[{source!r}] = {weight} must be finite and >= 0")
+        if all(self.weight(s) == 0 for s in self.sources):
+            raise DataError("every source has weight 0: nothing would be prepared")
 
 
 @dataclass
 class PreparedData:
     """A built dataset: tokenizer, packed train/val shards and what went into them.
 
-    ``shards`` maps a split to ``[[file name relative to directory, rows], ...]``.
+    ``shards`` maps a split to ``[[file name relative to directory, rows, bytes, sha256], ...]``.
     """
 
     directory: Path
@@ -101,7 +126,7 @@ class PreparedData:
     def shard_paths(self, split: str) -> list[tuple[Path, int]]:
         if split not in self.shards:
             raise DataError(f"no split {split!r} in {self.directory} (have {sorted(self.shards)})")
-        return [(self.directory / name, int(rows)) for name, rows in self.shards[split]]
+        return [(self.directory / entry[0], int(entry[1])) for entry in self.shards[split]]
 
     def summary(self) -> str:
         return json.dumps(

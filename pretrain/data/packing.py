@@ -9,12 +9,22 @@ document just appended (the buffer was shorter than a row before it); if that do
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 SHARD_BYTES = 128 * 2**20
+
+
+def file_sha256(path: Path, chunk: int = 4 * 2**20) -> str:
+    """SHA-256 of a file, read in chunks (shards are larger than one read)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def row_dtype(vocab_size: int) -> np.dtype:
@@ -75,7 +85,7 @@ class ShardWriter:
         self.rows_per_shard = max(1, SHARD_BYTES // (row_length * self.dtype.itemsize))
         self.buffer = np.empty((self.rows_per_shard, row_length), dtype=self.dtype)
         self.filled = 0
-        self.shards: list[list] = []  # [file name, rows]
+        self.shards: list[list] = []  # [file name, rows, bytes, sha256]
         self.total_rows = 0
 
     def write(self, row: list[int]) -> None:
@@ -88,8 +98,9 @@ class ShardWriter:
         if not self.filled:
             return
         name = f"{self.prefix}-{len(self.shards):05d}.npy"
-        np.save(self.directory / name, self.buffer[: self.filled])
-        self.shards.append([name, self.filled])
+        path = self.directory / name
+        np.save(path, self.buffer[: self.filled])
+        self.shards.append([name, self.filled, path.stat().st_size, file_sha256(path)])
         self.total_rows += self.filled
         self.filled = 0
 

@@ -1,4 +1,5 @@
-"""Readers for user corpora: directories of text/code files, JSONL and parquet with a ``text`` column.
+"""Readers for user corpora: directories of text/code files, JSONL and parquet with a ``text`` column,
+and local Hugging Face ``datasets`` (``hf:PATH``).
 
 Every reader yields :class:`Document` objects and records what it replaced or skipped in a
 :class:`ReadStats`. Invalid UTF-8 is replaced by U+FFFD (one per bad byte) or, with the "skip" policy,
@@ -152,24 +153,31 @@ def read_directory(
 
 
 def read_jsonl(path: Path, source: str, policy: str, stats: ReadStats) -> Iterator[Document]:
-    """One JSON object per line with a string ``text`` field; blank lines are ignored."""
+    """One JSON object per line with a string ``text`` field; blank lines are ignored.
+
+    The file is read line by line, so a JSONL file larger than memory streams through."""
     decode = _Decoder(policy, stats)
     flagged = [False]
-    for lineno, raw in enumerate(_read_bytes(path).split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        line = decode(raw, flagged)
-        if line is None:
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
-        text = decode.check(*replace_surrogates(record["text"]), flagged)
-        if text is not None:
-            yield Document(text, source, "jsonl")
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot read corpus file {path}: {exc.strerror or exc}") from exc
+    with handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            line = decode(raw.rstrip(b"\n"), flagged)
+            if line is None:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
+            text = decode.check(*replace_surrogates(record["text"]), flagged)
+            if text is not None:
+                yield Document(text, source, "jsonl")
 
 
 def read_parquet(path: Path, source: str, policy: str, stats: ReadStats) -> Iterator[Document]:
@@ -205,8 +213,91 @@ def read_parquet(path: Path, source: str, policy: str, stats: ReadStats) -> Iter
         raise DataError(f"cannot read parquet file {path}: {exc}") from exc
 
 
+HF_PREFIX = "hf:"
+HF_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+HF_BATCH = 1024
+
+
+def split_hf_source(source: str) -> tuple[Path, str | None]:
+    """``hf:PATH`` or ``hf:PATH@split`` → (PATH, split or None)."""
+    spec = source[len(HF_PREFIX) :]
+    path, split = Path(spec).expanduser(), None
+    if not path.exists() and "@" in spec:
+        head, _, split = spec.rpartition("@")
+        path = Path(head).expanduser()
+    if not path.exists():
+        raise DataError(f"corpus source {source!r}: {path} does not exist")
+    return path, split or None
+
+
+def _open_hf_dataset(path: Path, split: str | None, source: str):
+    """A ``datasets`` Dataset (memory-mapped Arrow) or IterableDataset (streamed local files)."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never reach the Hub
+    try:
+        import datasets
+    except ImportError as exc:
+        raise DataError(
+            f"corpus source {source!r} needs Hugging Face datasets: pip install -e '.[datasets]'"
+        ) from exc
+    if path.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError) as exc:
+            raise DataError(
+                f"corpus source {source!r}: {path} is not a datasets save_to_disk directory ({exc})"
+            ) from exc
+    else:
+        builder = HF_FILE_BUILDERS.get(path.suffix)
+        if builder is None:
+            raise DataError(
+                f"corpus source {source!r}: {path.suffix or 'no suffix'} is not one of "
+                f"{', '.join(HF_FILE_BUILDERS)}"
+            )
+        loaded = datasets.load_dataset(builder, data_files=str(path), streaming=True)
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        names = sorted(loaded)
+        if split is None:
+            split = "train" if "train" in loaded else (names[0] if len(names) == 1 else None)
+        if split not in loaded:
+            raise DataError(
+                f"corpus source {source!r}: choose a split with hf:{path}@SPLIT (have {names})"
+            )
+        loaded = loaded[split]
+    elif split is not None:
+        raise DataError(f"corpus source {source!r}: {path} holds one dataset, not split {split!r}")
+    return loaded
+
+
+def read_hf_dataset(source: str, policy: str, stats: ReadStats) -> Iterator[Document]:
+    """The ``text`` column of a local Hugging Face dataset, batch by batch (never all in memory)."""
+    path, split = split_hf_source(source)
+    dataset = _open_hf_dataset(path, split, source)
+    columns = list(dataset.column_names or [])
+    if "text" not in columns:
+        raise DataError(f"corpus source {source!r} has no 'text' column (columns: {columns})")
+    decode = _Decoder(policy, stats)
+    flagged = [False]
+    for batch in dataset.select_columns(["text"]).iter(batch_size=HF_BATCH):
+        for value in batch["text"]:
+            if value is None:
+                continue
+            if isinstance(value, bytes):
+                text = decode(value, flagged)
+            elif isinstance(value, str):
+                text = decode.check(*replace_surrogates(value), flagged)
+            else:
+                raise DataError(
+                    f"corpus source {source!r}: a 'text' value is {type(value).__name__}"
+                )
+            if text is not None:
+                yield Document(text, source, "hf")
+
+
 def read_source(source: str, seed: int, policy: str, stats: ReadStats) -> Iterator[Document]:
-    """Documents of one configured source path (directory, .jsonl, .parquet or a single text file)."""
+    """Documents of one configured source: ``hf:PATH`` or a directory, .jsonl, .parquet or text file."""
+    if source.startswith(HF_PREFIX):
+        yield from read_hf_dataset(source, policy, stats)
+        return
     path = Path(source).expanduser()
     if not path.exists():
         raise DataError(f"corpus source {source!r} does not exist")
@@ -220,3 +311,33 @@ def read_source(source: str, seed: int, policy: str, stats: ReadStats) -> Iterat
         text = _Decoder(policy, stats)(_read_bytes(path), [False])
         if text is not None:
             yield Document(text, source, path.suffix.lstrip(".") or "text")
+
+
+def source_fingerprint(source: str) -> list[list]:
+    """``[relative path, size, mtime_ns]`` of every file a path or ``hf:`` source reads.
+
+    File metadata only (one ``stat`` per file, no content read), so deciding whether a prepared
+    build is still current costs a directory listing, not a pass over a corpus larger than memory.
+    """
+    if source.startswith(HF_PREFIX):
+        path, _ = split_hf_source(source)
+    else:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise DataError(f"corpus source {source!r} does not exist")
+    if path.is_file():
+        files = [path]
+    else:
+        files = []
+        for root, dirs, names in os.walk(path, onerror=_raise_walk_error):
+            dirs.sort()
+            files += [Path(root) / n for n in sorted(names)]
+    entries = []
+    for file in files:
+        try:
+            info = file.stat()
+        except OSError as exc:
+            raise DataError(f"cannot stat corpus file {file}: {exc.strerror or exc}") from exc
+        rel = file.name if file == path else str(file.relative_to(path))
+        entries.append([rel, info.st_size, info.st_mtime_ns])
+    return entries
