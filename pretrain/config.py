@@ -35,9 +35,20 @@ class ModelSection:
 
 @dataclass
 class DataSection(DataConfig):
-    """``pretrain.data.DataConfig`` plus where prepared data is cached."""
+    """``pretrain.data.DataConfig`` plus where prepared data lives and who prepares it.
+
+    ``prepare_in_job``: the training job builds missing or stale data itself (small local runs); when
+    false (cluster configs) it only reads the manifest and fails fast, naming ``pretrain/prepare.py``.
+    ``workers``: tokenizer processes of ``pretrain/prepare.py`` (``--workers`` overrides).
+    """
 
     cache_dir: str | None = None  # None: OUT/data
+    prepare_in_job: bool = True
+    workers: int = 1
+
+    def directory(self, out: str | Path) -> Path:
+        """Where the prepared data of a run writing to ``out`` lives."""
+        return Path(self.cache_dir) if self.cache_dir else Path(out) / "data"
 
     def data_config(self) -> DataConfig:
         """The DataConfig part, for ``prepare_data``."""
