@@ -31,8 +31,8 @@ import recurrent_model as rm
 import workbench as wb
 from pretrain.config import DataSection
 from pretrain.data import PackedLoader, prepare_data
-from pretrain.data.arithmetic import make_problems, parse_answer, render
-from workbench.arithmetic import Problem, arithmetic_dataset
+from tasks.arithmetic import Problem, make_problems, parse_answer, render
+from workbench.arithmetic import arithmetic_dataset
 
 PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",

@@ -5,10 +5,11 @@ import re
 import pytest
 
 from pretrain.data import DataConfig, prepare_data
-from pretrain.data.arithmetic import is_held_out, make_problems, parse_answer, render
 from pretrain.data.config import DataError
 from pretrain.data.starter_corpus import split_source, starter_documents
 from recurrent_model.tokenizer import BEGIN_HEADER, END_HEADER, END_TURN
+from tasks.arithmetic import is_held_out, make_problems, parse_answer, render
+from tasks.depth import KINDS
 
 
 @pytest.mark.parametrize("difficulty", [1, 3, 6])
@@ -52,12 +53,18 @@ def test_arithmetic_rejects_bad_arguments():
     assert parse_answer("no digits") is None
 
 
+STARTER_KINDS = {
+    "stdlib", "arithmetic", "word_problems", "counting", "modular", "chat",
+    *(f"depth_{k}" for k in KINDS),
+}  # fmt: skip
+
+
 def test_starter_is_deterministic_and_mixed():
     docs = starter_documents("tiny", seed=0)
     assert docs == starter_documents("tiny", seed=0)
     assert docs != starter_documents("tiny", seed=1)
     kinds = {d.kind for d in docs}
-    assert kinds == {"stdlib", "arithmetic", "word_problems", "counting", "modular", "chat"}
+    assert kinds == STARTER_KINDS
     chat = next(d.text for d in docs if d.kind == "chat")
     assert re.fullmatch(
         rf"{re.escape(BEGIN_HEADER)}user{re.escape(END_HEADER)}\n\n.+{re.escape(END_TURN)}"
@@ -101,10 +108,7 @@ def test_prepare_starter_records_hash_and_stats(tmp_path):
     prepared = prepare_data(config, tmp_path, progress=False)
     assert re.fullmatch(r"[0-9a-f]{64}", prepared.corpus_hash)
     kinds = prepared.stats["docs_per_kind"]
-    assert set(kinds) == {
-        f"starter:{k}"
-        for k in ("stdlib", "arithmetic", "word_problems", "counting", "modular", "chat")
-    }
+    assert set(kinds) == {f"starter:{k}" for k in STARTER_KINDS}
     assert prepared.train_rows > 500 and prepared.val_rows > 10
     other = prepare_data(
         DataConfig(starter_size="tiny", vocab_size=512, block_size=64, seed=1),

@@ -11,7 +11,7 @@ import torch
 
 import recurrent_model as rm
 from pretrain.data import DataConfig, prepare_data
-from pretrain.data.arithmetic import make_problems
+from tasks.arithmetic import make_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location(

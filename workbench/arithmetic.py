@@ -1,45 +1,23 @@
 """Generated arithmetic: prompts with known answers, the model's greedy answers, and trajectories.
 
 Feeds ``correctness_probe``: which trajectories belong to prompts the model answered correctly?
+The problems and the answer check live in the shared ``tasks.arithmetic`` (re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
+from tasks.arithmetic import Problem, arithmetic_problems, is_correct
+
 from .collect import collect
 from .probes import trajectory_features
 
-
-@dataclass(frozen=True)
-class Problem:
-    prompt: str
-    answer: str
-
-
-def arithmetic_problems(
-    n: int, seed: int = 0, max_operand: int = 99, ops: str = "+-"
-) -> list[Problem]:
-    """``n`` prompts "a + b = " / "a - b = " with operands in [0, max_operand] (fixed seed)."""
-    rng = np.random.default_rng(seed)
-    problems = []
-    for _ in range(n):
-        a, b = (int(v) for v in rng.integers(0, max_operand + 1, size=2))
-        op = ops[int(rng.integers(len(ops)))]
-        value = {"+": a + b, "-": a - b, "*": a * b}[op]
-        problems.append(Problem(f"{a} {op} {b} = ", str(value)))
-    return problems
-
-
-def is_correct(generated: str, answer: str) -> bool:
-    """The generated text starts with the answer and the number ends there."""
-    text = generated.strip()
-    return text.startswith(answer) and not text[len(answer) : len(answer) + 1].isdigit()
+__all__ = ["Problem", "arithmetic_dataset", "arithmetic_problems", "is_correct"]
 
 
 def arithmetic_dataset(

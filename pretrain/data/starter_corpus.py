@@ -1,9 +1,10 @@
 """The embedded starter corpus: Python standard-library source plus generated reasoning data.
 
 Nothing is downloaded: the code comes from the running interpreter's ``Lib`` directory (a seeded subset
-chosen by size), the reasoning data from the generators in ``arithmetic`` and ``reasoning``. A quarter of
-the reasoning documents are rendered with the Huginn chat template (without the leading BOS, which the
-packer adds to every document).
+chosen by size), the reasoning data from the generators in ``tasks.arithmetic``, ``tasks.depth`` (tasks
+whose number of sequential steps is controlled, trained levels and train split only) and ``reasoning``.
+A quarter of the arithmetic and word-problem documents are rendered with the Huginn chat template
+(without the leading BOS, which the packer adds to every document).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recurrent_model.tokenizer import ASSISTANT_ROLE, BEGIN_HEADER, END_HEADER, END_TURN
+from tasks import arithmetic, depth
 
-from . import arithmetic, reasoning
+from . import reasoning
 from .config import STARTER, DataError
 from .readers import Document, decode_utf8
 
@@ -143,17 +145,30 @@ def _task_doc(rng: random.Random, kind: str, generators: tuple) -> Document:
     return Document("\n\n".join(f"Question: {q}\nAnswer: {a}" for q, a in tasks), STARTER, kind)
 
 
+def _depth_doc(rng: random.Random) -> Document:
+    """2-6 train-split depth tasks of one kind at trained levels, one after another."""
+    kind = rng.choice(depth.KINDS)
+    tasks = [
+        depth.make_tasks(kind, 1, depth.training_level(rng, kind), rng.getrandbits(48), "train")[0]
+        for _ in range(rng.randint(2, 6))
+    ]
+    return Document("\n\n".join(t.render() for t in tasks), STARTER, f"depth_{kind}")
+
+
 def reasoning_documents(n: int, seed: int) -> list[Document]:
-    """``n`` generated documents: 40% arithmetic, 25% word problems, 15% counting, 20% modular."""
+    """``n`` generated documents: 30% arithmetic, 35% depth tasks, 15% word problems, 10% counting,
+    10% modular."""
     rng = random.Random(f"reasoning:{seed}")
     docs = []
     for _ in range(n):
         pick = rng.random()
-        if pick < 0.40:
+        if pick < 0.30:
             docs.append(_arithmetic_doc(rng))
         elif pick < 0.65:
-            docs.append(_task_doc(rng, "word_problems", reasoning.WORD_PROBLEMS))
+            docs.append(_depth_doc(rng))
         elif pick < 0.80:
+            docs.append(_task_doc(rng, "word_problems", reasoning.WORD_PROBLEMS))
+        elif pick < 0.90:
             docs.append(_task_doc(rng, "counting", reasoning.COUNTING))
         else:
             docs.append(_task_doc(rng, "modular", reasoning.MODULAR))

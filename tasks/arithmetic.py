@@ -1,4 +1,4 @@
-"""Graded arithmetic problems, importable on their own for held-out evaluation.
+"""Graded arithmetic problems and answer parsing: one home for the training corpus and the workbench.
 
 ``make_problems(n, difficulty, seed)`` returns ``(prompt, answer)`` pairs such as ``("347 + 912 =",
 "1259")``; the starter corpus trains on ``render(prompt, answer)`` == ``"347 + 912 = 1259"``, so an
@@ -15,6 +15,9 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 KINDS = ("add", "mul", "sum")
 MAX_DIFFICULTY = 12
@@ -87,3 +90,29 @@ def parse_answer(generated: str) -> int | None:
         return int(token)
     except ValueError:
         return None
+
+
+def is_correct(generated: str, answer: str) -> bool:
+    """The generated text starts with the answer and the number ends there."""
+    text = generated.strip()
+    return text.startswith(answer) and not text[len(answer) : len(answer) + 1].isdigit()
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+def arithmetic_problems(
+    n: int, seed: int = 0, max_operand: int = 99, ops: str = "+-"
+) -> list[Problem]:
+    """``n`` prompts "a + b = " / "a - b = " with operands in [0, max_operand] (fixed seed)."""
+    rng = np.random.default_rng(seed)
+    problems = []
+    for _ in range(n):
+        a, b = (int(v) for v in rng.integers(0, max_operand + 1, size=2))
+        op = ops[int(rng.integers(len(ops)))]
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        problems.append(Problem(f"{a} {op} {b} = ", str(value)))
+    return problems
