@@ -109,21 +109,25 @@ def test_lens_switches_between_coda_and_logit(app):
 
 
 def test_generation_reports_iterations_per_token(app):
-    show(app, "Generation")
-    assert app.info and "Press Generate" in app.info[0].value
-    app.number_input(key="gen_new").set_value(6)
-    app.selectbox(key="gen_exit").set_value("kl")
-    app.button[0].click().run()
-    assert_clean(app)
-    table = app.dataframe[0].value
-    assert app.metric[0].label == "Mean steps per token"
-    assert len(table) <= 6
-    if len(table) == 0:  # a trained model may stop at once
-        assert app.code[0].value == "(stopped at once)"
-        return
+    # mid-expression code: neither the trained default nor the random stand-in stops at once
+    default_prompt = app.text_area(key="prompt").value
+    app.text_area(key="prompt").set_value("def add(a, b):\n    return a +").run()
+    try:
+        show(app, "Generation")
+        assert app.info and "Press Generate" in app.info[0].value
+        app.number_input(key="gen_new").set_value(6)
+        app.selectbox(key="gen_exit").set_value("kl")
+        app.button[0].click().run()
+        assert_clean(app)
+        table, metric, charts = app.dataframe[0].value, app.metric[0], chart_keys(app)
+    finally:
+        del app.session_state["gen_request"]
+        app.text_area(key="prompt").set_value(default_prompt).run()
+    assert metric.label == "Mean steps per token"
+    assert 1 <= len(table) <= 6
     assert ((table["steps"] >= 1) & (table["steps"] <= 12)).all()
-    assert float(app.metric[0].value) == pytest.approx(table["steps"].mean(), abs=0.05)
-    assert "gen_steps" in chart_keys(app)
+    assert float(metric.value) == pytest.approx(table["steps"].mean(), abs=0.05)
+    assert "gen_steps" in charts
 
 
 def test_umap_only_on_request(app, monkeypatch):
