@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 import recurrent_model
 from pretrain.launch import main as launch_main
-from pretrain.trainer_state import CheckpointManager
+from pretrain.checkpointing import CheckpointManager
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = (
@@ -187,7 +187,10 @@ def test_exact_resume_after_kill_9(setup, tmp_path):
         assert ra.get("val_loss_8") == rb.get("val_loss_8")
     final_a = straight / "checkpoints" / "step-0000008"
     final_b = run / "checkpoints" / "step-0000008"
-    for name in ("model.safetensors", "trainer_state.safetensors"):
+    names = sorted(str(p.relative_to(final_a)) for p in final_a.rglob("*.safetensors"))
+    assert names == sorted(str(p.relative_to(final_b)) for p in final_b.rglob("*.safetensors"))
+    assert any(n.startswith("optimizer/") for n in names) and any("model" in n for n in names)
+    for name in names:  # the consolidated weights and the optimizer shards
         ta, tb = load_file(final_a / name), load_file(final_b / name)
         assert ta.keys() == tb.keys()
         for key in ta:
@@ -200,14 +203,14 @@ def test_kill_during_checkpoint_write_keeps_previous(setup, tmp_path):
     marker = tmp_path / "writing"
     script = driver(
         tmp_path,
-        "import pretrain.trainer_state as ts\n"
-        "orig = ts.write_checkpoint_files\n"
-        "def slow(model, directory):\n"
-        "    orig(model, directory)\n"
+        "import pretrain.trainer as tr\n"
+        "orig = tr.write_state_json\n"
+        "def slow(directory, state):\n"
+        "    orig(directory, state)\n"
         "    if 'step-0000008' in str(directory):\n"
         f"        open({str(marker)!r}, 'w').close()\n"
         "        time.sleep(120)\n"
-        "ts.write_checkpoint_files = slow\n",
+        "tr.write_state_json = slow\n",
     )
     proc = start(script, "--config", str(config), "--out", str(run))
     wait_for(marker.exists, proc)
@@ -267,33 +270,33 @@ def test_nonfinite_loss_is_skipped_counted_and_reported(setup, tmp_path, capsys)
 def test_signal_writes_a_checkpoint_and_stops(setup, tmp_path, signum):
     _, config, _ = setup
     run = tmp_path / "signalled"
+    reached, go = tmp_path / "reached", tmp_path / "go"
+    # A handshake instead of a timing guess: the run holds before step 3 until the signal has
+    # been delivered (the test writes `go` after sending it), so it stops after exactly 3 steps.
     script = driver(
         tmp_path,
+        "import pathlib\n"
         "import pretrain.trainer as tr\n"
         "orig = tr.Trainer.train_step\n"
-        "def slow(self):\n"
-        "    time.sleep(0.5 if self.step >= 2 else 0)\n"
+        "def held(self):\n"
+        "    if self.step == 2:\n"
+        f"        pathlib.Path({str(reached)!r}).touch()\n"
+        f"        while not pathlib.Path({str(go)!r}).exists():\n"
+        "            time.sleep(0.01)\n"
         "    return orig(self)\n"
-        "tr.Trainer.train_step = slow\n",
+        "tr.Trainer.train_step = held\n",
     )
     proc = start(
         script, "--config", str(config), "--out", str(run), "--set", "train.checkpoint_every=100"
     )
-    wait_for(
-        lambda: (
-            (run / "metrics.jsonl").is_file()
-            and len((run / "metrics.jsonl").read_text().splitlines()) >= 2
-        ),
-        proc,
-    )
+    wait_for(reached.exists, proc)
     proc.send_signal(signum)
+    go.touch()
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, output
     assert "signal received" in output
-    latest = (run / "checkpoints" / "latest").read_text().strip()
-    step = int(latest.split("-")[1])
-    assert 2 <= step < 8
-    assert len(metrics(run)) == step
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000003"
+    assert len(metrics(run)) == 3
 
 
 def test_gradient_accumulation_matches_the_larger_batch(setup, tmp_path, monkeypatch):
