@@ -37,7 +37,8 @@ class CheckpointError(ValueError):
 
 # Locating the weights ----------------------------------------------------------------------------
 def weight_files(directory: Path) -> dict[str, list[str]]:
-    """Map each safetensors file of the checkpoint to the keys it is supposed to hold (None = all)."""
+    """Map each safetensors file of the checkpoint to the keys the index assigns it (an empty list
+    for the single-file layout, whose header alone says what it holds)."""
     index = directory / INDEX_FILE
     if index.exists():
         try:

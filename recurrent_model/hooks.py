@@ -61,9 +61,6 @@ class HookPoint:
         return f"HookPoint({self.name!r}, {len(self.fns)} fn)"
 
 
-NameFilter = "str | Callable[[str], bool] | list[str] | tuple[str, ...] | set[str] | None"
-
-
 def name_matcher(names_filter: object) -> Callable[[str], bool]:
     """Turn a hook-name filter (a name, a list of names, a predicate or None = all) into a predicate."""
     if names_filter is None:
