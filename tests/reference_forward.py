@@ -1,5 +1,5 @@
 """An independent, deliberately plain implementation of the published forward pass, written from
-shared/spec/architecture.md with different code paths (complex-number RoPE, explicit softmax attention),
+the architecture's description with different code paths (complex-number RoPE, explicit softmax attention),
 used to check RecurrentLM number for number."""
 
 from __future__ import annotations

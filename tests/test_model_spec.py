@@ -1,4 +1,4 @@
-"""One test per fact of shared/spec/architecture.md, checked against hand computations."""
+"""One test per fact of the published architecture (Huginn-0125), checked against hand computations."""
 
 from __future__ import annotations
 
