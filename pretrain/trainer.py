@@ -50,14 +50,21 @@ class TrainingError(RuntimeError):
 
 
 def prepare(config: TrainConfig, data_dir: Path, ctx: DistContext, progress: bool) -> Any:
-    """Rank 0 builds (or reuses) the prepared data; the other ranks wait, then load it."""
-    from pretrain.data import load_prepared, prepare_data
+    """The prepared data, from its manifest. With ``data.prepare_in_job`` rank 0 first builds it
+    when missing or stale while the others wait; without, every rank only checks the manifest (no
+    corpus read) and fails fast when ``pretrain/prepare.py`` has not run."""
+    from pretrain.data import load_prepared, open_prepared
 
+    data = config.data.data_config()
+    if not config.data.prepare_in_job:
+        return load_prepared(data_dir, data)
     if ctx.is_main:
-        prepared = prepare_data(config.data.data_config(), data_dir, progress=progress)
+        prepared = open_prepared(
+            data, data_dir, build=True, progress=progress, workers=config.data.workers
+        )
     ctx.barrier()
     if not ctx.is_main:
-        prepared = load_prepared(data_dir)
+        prepared = load_prepared(data_dir, data)
     return prepared
 
 
@@ -425,9 +432,9 @@ class Trainer:
         previous = self._install_signals()
         bar = None
         if self.ctx.is_main and t.progress:
-            from tqdm import tqdm
+            from .progress import progress_bar  # log lines instead of a bar when not on a TTY
 
-            bar = tqdm(total=self.stop_at, initial=self.step, desc="train", dynamic_ncols=True)
+            bar = progress_bar(total=self.stop_at, initial=self.step, desc="train")
         if self.ctx.is_main:
             print(
                 f"model {self.model_config.shape_summary()}, "
