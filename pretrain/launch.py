@@ -87,12 +87,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(config, out: Path, resume: bool = False, max_steps: int | None = None) -> int:
     """Train in this process (one rank); returns an exit code."""
+    from pretrain.data import DataError
     from pretrain.distributed import init_distributed, shutdown
     from pretrain.trainer import Trainer
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
     try:
-        trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
+        try:
+            trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
+        except DataError as exc:  # e.g. data not prepared: one line, not a traceback per rank
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         summary = trainer.run()
     finally:
         shutdown()
