@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_REQUIREMENT)"
-	$(PY) -m pip install -e ".[app,notebooks,dev]"
+	$(PY) -m pip install -e ".[app,notebooks,dev,datasets]"
 	touch $(STAMP)
 
 lint: setup
