@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import recurrent_model as rm
+import workbench as wb
 from workbench.arithmetic import arithmetic_dataset, arithmetic_problems, is_correct
 from workbench.probes import correctness_probe, iteration_probe, trajectory_features
 
@@ -61,14 +62,28 @@ class CharTokenizer:
         return [chr(i) for i in ids]
 
 
-def test_arithmetic_dataset_shapes():
+def test_arithmetic_dataset_answers_and_features_agree_with_the_model():
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with pytest.raises(ValueError, match="tokenizer"):
         arithmetic_dataset(model, arithmetic_problems(1), 2)
     model.tokenizer = CharTokenizer()
+    problems = arithmetic_problems(3)
     frame, features = arithmetic_dataset(
-        model, arithmetic_problems(3), 2, max_new_tokens=2, feature_steps=(0, -1)
+        model, problems, 2, max_new_tokens=2, feature_steps=(0, -1)
     )
     assert list(frame.columns) == ["prompt", "answer", "generated", "correct"]
     assert features.shape == (3, 2 * 64) and frame.generated.str.len().eq(2).all()
+    for row, problem, feature in zip(frame.itertuples(), problems, features):
+        ids = model.tokenizer.encode(problem.prompt)
+        out = model.generate(
+            torch.tensor([ids]), 2, num_steps=2, generator=torch.Generator().manual_seed(0),
+            stop_tokens=[],
+        )  # fmt: skip
+        assert row.generated == model.tokenizer.decode(out[0, len(ids) :].tolist())
+        assert row.correct == is_correct(row.generated, problem.answer)
+        # features: the re-run trajectory of prompt + answer at the last prompt token and the answer
+        states = wb.collect(model, out[0].tolist(), 2, seeds=(0,), progress=False).states[0]
+        expected = trajectory_features(states, range(len(ids) - 1, len(ids) + 2), (0, -1))
+        np.testing.assert_allclose(feature, expected, rtol=1e-6)
+        assert not np.allclose(states[0], states[-1])  # step 0 and the last step both enter
