@@ -1,5 +1,17 @@
 """torch.distributed set-up: ranks from torchrun or SLURM, gloo on CPU / nccl (RCCL) on GPU, and the
-three ways to share gradients (DDP, FSDP2 ``fully_shard``, the recipe's bucketed all-reduce)."""
+four ways to share the work, all on torch's own engines:
+
+    ddp       DistributedDataParallel: every rank holds everything (weights, gradients, Adam moments).
+    fsdp      FSDP2 ``fully_shard`` per block and the root over one mesh of all ranks; bf16 weights
+              and float32 gradient reduction on GPUs. The core blocks stay gathered from their first
+              forward in a step until the optimizer step (``reshard_core``), so the r + k iterations
+              cost one all-gather each instead of r + k.
+    hsdp      FSDP2 on a 2-D DeviceMesh (replicate, shard): sharded within a node, replicated across
+              nodes, so the per-iteration traffic stays on the node's fast links.
+    bucketed  the recipe's 64 MiB float32 all-reduce of gradients, with the Adam moments sharded over
+              the ranks (ZeRO-1 through ``ZeroRedundancyOptimizer``: each rank updates its own
+              parameters, then broadcasts them).
+"""
 
 from __future__ import annotations
 
@@ -68,13 +80,17 @@ class DistContext:
 
 
 def pick_device(preference: str, local_rank: int) -> torch.device:
-    """ "auto": cuda:local_rank when a GPU (CUDA or ROCm) is present, else the CPU."""
+    """ "auto": a GPU (CUDA or ROCm) when present, else the CPU. The GPU index is LOCAL_RANK modulo
+    the number of visible devices, so one visible device per task (``--gpu-bind=closest``) works."""
     if preference == "auto":
         preference = "cuda" if torch.cuda.is_available() else "cpu"
     if preference.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError("train.device asks for cuda, but torch sees no GPU")
-        index = int(preference.split(":")[1]) if ":" in preference else local_rank
+        if ":" in preference:
+            index = int(preference.split(":")[1])
+        else:
+            index = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device(preference)
@@ -104,8 +120,52 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
-    """DDP (default), FSDP2 fully_shard per block then the root, or nothing (bucketed / 1 rank)."""
+def ranks_per_node(ctx: DistContext, configured: int = 0) -> int:
+    """The shard-group size of hsdp: ``configured`` when > 0, else the ranks on this node (torchrun's
+    LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE)."""
+    if configured > 0:
+        size = configured
+    else:
+        raw = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "")
+        size = int(raw.split("(")[0]) if raw else ctx.world_size
+    if size < 1 or ctx.world_size % size:
+        raise ValueError(
+            f"hsdp shards over groups of {size} ranks, which does not divide the world size "
+            f"{ctx.world_size}; set distributed.shard_size to a divisor"
+        )
+    return size
+
+
+def data_parallel_mesh(ctx: DistContext, strategy: str, shard_size: int = 0) -> Any:
+    """The DeviceMesh FSDP2 shards over: 1-D over all ranks (fsdp), or 2-D (replicate, shard) with
+    one shard group per node (hsdp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if strategy == "hsdp":
+        size = ranks_per_node(ctx, shard_size)
+        return init_device_mesh(
+            ctx.device.type,
+            (ctx.world_size // size, size),
+            mesh_dim_names=("replicate", "shard"),
+        )
+    return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("shard",))
+
+
+def mixed_precision(device: torch.device) -> Any:
+    """FSDP2's policy: bf16 gathered weights with float32 gradient reduction on GPUs; float32 on
+    the CPU (bit-stable, and CPU bf16 matmuls are slow)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def wrap_model(model: nn.Module, strategy: str, ctx: DistContext, shard_size: int = 0) -> nn.Module:
+    """DDP, FSDP2 / HSDP ``fully_shard`` per block then the root, or nothing (bucketed / 1 rank).
+
+    Under fsdp / hsdp the core blocks keep their gathered weights after forward and backward; the
+    trainer calls ``reshard_core`` once per step, before the optimizer updates the shards."""
     if not ctx.distributed or strategy == "bucketed":
         if ctx.distributed:
             broadcast_parameters(model)
@@ -115,15 +175,43 @@ def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
 
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
-    if strategy == "fsdp":
+    if strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
 
+        mesh = data_parallel_mesh(ctx, strategy, shard_size)
+        policy = mixed_precision(ctx.device)
         t = model.transformer  # type: ignore[attr-defined]
-        for block in [*t.prelude, *t.core_block, *t.coda]:
-            fully_shard(block)
-        fully_shard(model)
+        for block in [*t.prelude, *t.coda]:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        for block in t.core_block:
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+            block.set_reshard_after_backward(False)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     raise ValueError(f"unknown distributed strategy {strategy!r}")
+
+
+def reshard_core(model: nn.Module) -> None:
+    """Free the core blocks' gathered weights (FSDP2): call once per step after the last backward and
+    before the optimizer step, so the next forward gathers the updated shards. A no-op otherwise."""
+    for block in model.transformer.core_block:  # type: ignore[attr-defined]
+        if hasattr(block, "reshard"):
+            block.reshard()
+
+
+def sharded_optimizer(
+    groups: list[dict], optimizer_class: type[torch.optim.Optimizer], **defaults: Any
+) -> torch.optim.Optimizer:
+    """ZeRO-1 for the bucketed strategy: torch's ZeroRedundancyOptimizer gives each rank a balanced
+    share of the parameters; it keeps moments for those only, updates them, and broadcasts them."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_class, **defaults)
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose ``state`` holds this rank's moments (ZeRO-1's inner one, or itself)."""
+    return getattr(optimizer, "optim", optimizer)
 
 
 @torch.no_grad()

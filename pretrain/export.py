@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pretrain.trainer_state import LATEST, STATE_JSON
+from pretrain.checkpointing import LATEST, STATE_JSON
 from recurrent_model import atomic_directory, load_model
 from recurrent_model.checkpoint import write_checkpoint_files
 

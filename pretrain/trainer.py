@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -12,13 +13,39 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from recurrent_model import HuginnTokenizer, RecurrentLM, sample_depth
-from recurrent_model.checkpoint import write_checkpoint_files
 
+from .checkpointing import (
+    OPTIMIZER_DIR,
+    CheckpointManager,
+    capture_rng,
+    consolidate_model,
+    consolidation_plan,
+    load_model_shards,
+    load_optimizer_shards,
+    model_tensors,
+    optimizer_tensors,
+    parameter_names,
+    read_state,
+    restore_rng,
+    rewind_metrics,
+    single_file_layout,
+    write_shards,
+    write_state_json,
+)
 from .config import TrainConfig
-from .distributed import DistContext, bucketed_all_reduce, preflight_all_reduce, wrap_model
+from .distributed import (
+    DistContext,
+    bucketed_all_reduce,
+    local_optimizer,
+    preflight_all_reduce,
+    reshard_core,
+    sharded_optimizer,
+    wrap_model,
+)
 from .metrics import (
     MetricsWriter,
     flops_per_token,
@@ -28,18 +55,6 @@ from .metrics import (
 )
 from .optimizer import ClippedAtanAdam, clip_grads_, global_grad_norm, parameter_groups
 from .schedule import Schedule
-from .trainer_state import (
-    CheckpointManager,
-    ResumeError,
-    capture_rng,
-    load_optimizer_tensors,
-    load_weights,
-    optimizer_tensors,
-    parameter_names,
-    read_state,
-    restore_rng,
-    rewind_metrics,
-)
 
 MAX_SKIPPED_IN_A_ROW = 20
 HEALTH_HOOKS = ("core.hook_state", "hook_e", "hook_latent", "hook_final_norm")
@@ -115,8 +130,6 @@ class Trainer:
         model.reset_parameters(generator=init_gen)
         model.tokenizer = HuginnTokenizer.from_file(self.prepared.tokenizer_path)
         latest = self.checkpoints.latest() if resume else None
-        if latest is not None:
-            load_weights(model, latest)
         model.activation_checkpointing = t.activation_checkpointing
         self.model = model.to(self.device)
         if t.compile:
@@ -128,15 +141,23 @@ class Trainer:
                     f"preflight: {len(times)} all-reduces up to {cfg.distributed.preflight_mb} "
                     f"MiB in {sum(times):.2f} s"
                 )
-        self.wrapped = wrap_model(self.model, cfg.distributed.strategy, self.ctx)
+        strategy = cfg.distributed.strategy
+        self.wrapped = wrap_model(self.model, strategy, self.ctx, cfg.distributed.shard_size)
+        self.sharded = self.ctx.distributed and strategy in ("fsdp", "hsdp")
         self.params = list(dict.fromkeys(self.model.parameters()))  # FSDP swaps in DTensors
         self.names = parameter_names(self.model)
-        self.optimizer = ClippedAtanAdam(
-            parameter_groups(self.model, t.weight_decay),
-            lr=t.lr,
-            betas=(t.beta1, t.beta2),
-            weight_decay=t.weight_decay,
+        groups = parameter_groups(self.model, t.weight_decay)
+        hyper = dict(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
+        if self.ctx.distributed and strategy == "bucketed":  # ZeRO-1: moments sharded over ranks
+            self.optimizer = sharded_optimizer(groups, ClippedAtanAdam, **hyper)
+        else:
+            self.optimizer = ClippedAtanAdam(groups, **hyper)
+        # Checkpoint collectives get their own group, so a background save never interleaves with
+        # the training's collectives.
+        self.ckpt_group = (
+            torch.distributed.new_group(backend="gloo") if self.ctx.distributed else None
         )
+        self._pending: dict[str, Any] | None = None
         self.schedule = Schedule(
             t.lr, t.warmup_steps, t.max_steps, t.cooldown_steps, t.min_lr_ratio
         )
@@ -195,20 +216,41 @@ class Trainer:
         (self.out / name).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
     def _restore(self, path: Path) -> None:
-        state, tensors = read_state(path)
-        if state["world_size"] != self.ctx.world_size:
-            raise ResumeError(
-                f"{path} was written by {state['world_size']} ranks; resume with the same number "
-                f"(this run has {self.ctx.world_size}) so every rank reads exactly its next rows"
-            )
-        load_optimizer_tensors(self.optimizer, self.names, tensors)
+        """Weights, optimizer moments, counters, data position and RNG from a checkpoint written
+        by any number of ranks (each rank reads only the slices it holds)."""
+        state = read_state(path)
+        load_model_shards(self.model, path, self.ckpt_group)
+        load_optimizer_shards(local_optimizer(self.optimizer), self.names, path, self.ckpt_group)
         self.step, self.skipped, self.tokens = state["step"], state["skipped"], state["tokens"]
-        mine = state["ranks"][self.ctx.rank]
-        self.loader.load_state_dict(mine["loader"])
+        if state["world_size"] == self.ctx.world_size:
+            mine = state["ranks"][self.ctx.rank]
+            self.loader.load_state_dict(mine["loader"])
+            restore_rng(mine["rng"], {"noise": self.noise})
+        else:
+            self._redeal_data(state)
         self.loader_iter = iter(self.loader)
-        restore_rng(mine["rng"], {"noise": self.noise})
         if self.ctx.is_main:
             print(f"resumed from {path} at step {self.step}")
+
+    def _redeal_data(self, state: dict[str, Any]) -> None:
+        """Resume on a different number of ranks: the rows consumed by all old ranks are spread
+        evenly over the new ones, so each continues at the same point of its epoch. Rows are dealt
+        to ranks by rank and world size, so the order of rows after this point differs from the
+        run that kept its rank count (counts, optimizer and weights carry over exactly)."""
+        old = [r["loader"] for r in state["ranks"]]
+        consumed = sum(o["epoch"] * (o["num_rows"] // len(old)) + o["index"] for o in old)
+        per_rank = consumed // self.ctx.world_size
+        rows = self.loader.rows_per_rank
+        position = self.loader.state_dict()
+        position.update(epoch=per_rank // rows, index=per_rank % rows)
+        self.loader.load_state_dict(position)
+        seed = [self.train_cfg.seed, self.step, self.ctx.rank, self.ctx.world_size]
+        self.noise.manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
+        if self.ctx.is_main:
+            print(
+                f"resuming {len(old)}-rank state on {self.ctx.world_size} ranks: data position "
+                f"re-dealt ({consumed} rows consumed), s_0 noise re-seeded per rank"
+            )
 
     # Signals ---------------------------------------------------------------------------------------
     def _install_signals(self) -> dict[int, Any]:
@@ -234,12 +276,12 @@ class Trainer:
         """Skip the gradient sync on all but the last micro-batch of an accumulation."""
         strategy = self.config.distributed.strategy
         if not self.ctx.distributed or last:
-            if strategy == "fsdp" and self.ctx.distributed:
+            if self.sharded:
                 self.model.set_requires_gradient_sync(True)  # type: ignore[operator]
             return contextlib.nullcontext()
         if strategy == "ddp":
             return self.wrapped.no_sync()  # type: ignore[operator]
-        if strategy == "fsdp":
+        if self.sharded:
             self.model.set_requires_gradient_sync(False)  # type: ignore[operator]
         return contextlib.nullcontext()
 
@@ -266,6 +308,8 @@ class Trainer:
                 loss = out.loss / t.grad_accum
             loss.backward()
             total_loss += loss.detach()
+        if self.sharded:  # the core blocks stayed gathered through the whole recurrence
+            reshard_core(self.model)
         if self.ctx.distributed and self.config.distributed.strategy == "bucketed":
             bucketed_all_reduce(
                 self.params,
@@ -386,45 +430,83 @@ class Trainer:
         )
 
     # Checkpoints -----------------------------------------------------------------------------------
-    def _write_model(self, model: RecurrentLM, directory: Path) -> None:
-        write_checkpoint_files(model, directory)
-
     def save(self) -> Path | None:
-        """Write DIR/checkpoints/step-NNNNNNN on rank 0 (all ranks contribute their state)."""
+        """Write DIR/checkpoints/step-NNNNNNN: every rank writes its own shards (in the background
+        with ``distributed.async_checkpoint``); the directory appears, and ``latest`` names it, once
+        every rank has finished. Returns the path when written synchronously (else None)."""
+        self.finish_checkpoint(wait=True)
+        staging = self._shared(
+            self.checkpoints.staging_path(self.step) if self.ctx.is_main else None
+        )
         per_rank = {"loader": self.loader.state_dict(), "rng": capture_rng({"noise": self.noise})}
         ranks = self.ctx.all_gather_object(per_rank)
-        tensors = optimizer_tensors(self.optimizer, self.names)  # collective under FSDP
-        model = self._full_model()
+        if self.ctx.is_main:
+            staging.mkdir(parents=True)
+            self.model_config.to_json(staging / "config.json")
+            if self.model.tokenizer is not None:
+                self.model.tokenizer.save(staging / "tokenizer.json")
+        self.ctx.barrier()
+        asynchronous = self.config.distributed.async_checkpoint and self.ctx.distributed
+        futures = [
+            write_shards(
+                model_tensors(self.model), staging / "model-shards", self.ckpt_group, asynchronous
+            ),
+            write_shards(
+                optimizer_tensors(local_optimizer(self.optimizer), self.names),
+                staging / OPTIMIZER_DIR,
+                self.ckpt_group,
+                asynchronous,
+            ),
+        ]
+        state = {
+            "step": self.step,
+            "skipped": self.skipped,
+            "tokens": self.tokens,
+            "world_size": self.ctx.world_size,
+            "strategy": self.config.distributed.strategy,
+            "schedule": asdict(self.schedule),
+            "config": self.config.to_dict(),
+            "corpus_hash": self.prepared.corpus_hash,
+            "ranks": ranks,
+        }
+        self._pending = {"futures": futures, "staging": staging, "state": state}
+        return self.finish_checkpoint(wait=not asynchronous)
+
+    def finish_checkpoint(self, wait: bool) -> Path | None:
+        """Publish the checkpoint being written once every rank's shards are on disk: consolidate
+        the model into the Huginn layout (each rank writes some of its files), write
+        trainer_state.json, rename the directory into place, point ``latest`` at it. With
+        ``wait=False`` it returns at once unless every rank has finished. Collective."""
+        if self._pending is None:
+            return None
+        futures = [f for f in self._pending["futures"] if f is not None]
+        if wait:
+            for future in futures:
+                future.result()
+        elif self.ctx.any(not all(f.done() for f in futures)):
+            return None
+        pending, self._pending = self._pending, None
+        staging, state = pending["staging"], pending["state"]
+        shards = staging / "model-shards"
+        plan = consolidation_plan(self.model, self.ctx.world_size)
+        consolidate_model(shards, staging, plan, self.ckpt_group)
+        self.ctx.barrier()
         path = None
         if self.ctx.is_main:
-            state = {
-                "step": self.step,
-                "skipped": self.skipped,
-                "tokens": self.tokens,
-                "world_size": self.ctx.world_size,
-                "schedule": asdict(self.schedule),
-                "config": self.config.to_dict(),
-                "corpus_hash": self.prepared.corpus_hash,
-                "ranks": ranks,
-            }
-            path = self.checkpoints.write(self.step, model, state, tensors)
+            shutil.rmtree(shards)
+            single_file_layout(staging, plan)
+            write_state_json(staging, state)
+            path = self.checkpoints.publish(staging, state["step"])
         self.ctx.barrier()
         return path
 
-    def _full_model(self) -> RecurrentLM:
-        """The model with plain (unsharded) weights for writing in the Huginn layout."""
-        if not (self.ctx.distributed and self.config.distributed.strategy == "fsdp"):
-            return self.model
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(
-            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-        copy = RecurrentLM(self.model_config, init_weights=False)
-        if self.ctx.is_main:
-            copy.load_state_dict(full, strict=False)
-        copy.tokenizer = self.model.tokenizer
-        return copy
+    def _shared(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        if not self.ctx.distributed:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
 
     # The loop --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -485,10 +567,13 @@ class Trainer:
                     )
                     self._say(bar, f"step {self.step} val loss by depth {vals}")
                 stop = self.ctx.any(self._signal is not None)
+                if self._pending is not None:  # an asynchronous save may have finished
+                    self.finish_checkpoint(wait=False)
                 if self.step % t.checkpoint_every == 0 or at_end or stop:
                     self.save()
                     last_saved = self.step
                 if stop:
+                    self.finish_checkpoint(wait=True)
                     self._say(
                         bar,
                         f"signal received: checkpoint at step {self.step} written, "
@@ -497,6 +582,7 @@ class Trainer:
                     break
             if last_saved != self.step:
                 self.save()
+            self.finish_checkpoint(wait=True)
         finally:
             if bar is not None:
                 bar.close()

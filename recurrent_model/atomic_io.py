@@ -19,6 +19,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "fsync_path",
+    "publish_directory",
     "replace_durably",
 ]
 
@@ -63,16 +64,35 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     atomic_write_bytes(path, text.encode(encoding))
 
 
+def publish_directory(staging: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Make a complete directory ``staging`` take the place of ``target``, in two renames.
+
+    Everything under ``staging`` is fsynced first. Then an existing ``target`` is moved aside to a
+    hidden ``.NAME.old-*`` sibling, and ``staging`` is renamed to ``target`` (the old one is deleted
+    afterwards). A kill between the two renames leaves ``target`` missing and the previous content
+    complete under ``.NAME.old-*`` (``load_model`` names it in its error).
+    """
+    staging, target = Path(staging), Path(target)
+    for child in staging.rglob("*"):
+        fsync_path(child)
+    fsync_path(staging)
+    trash = None
+    if target.exists():
+        trash = _temporary_sibling(target, "old")
+        os.rename(target, trash)
+    os.rename(staging, target)
+    fsync_path(target.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
 @contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling directory to fill; on success it takes the place of ``path``.
+    """Yield a temporary sibling directory to fill; on success ``publish_directory`` puts it in
+    the place of ``path`` (two renames, see there).
 
-    Every file written into it is fsynced, then two renames follow: an existing ``path`` is moved
-    aside to a hidden ``.NAME.old-*`` sibling, and the temporary directory is renamed to ``path``
-    (the old one is deleted afterwards). A kill between the two renames leaves ``path`` missing and
-    the previous content complete under ``.NAME.old-*`` (``load_model`` names it in its error). If
-    the block raises, ``path`` keeps its previous content and the temporary directory is removed; if
-    the process dies, it stays as a hidden ``.NAME.tmp-*`` sibling that readers ignore.
+    If the block raises, ``path`` keeps its previous content and the temporary directory is removed;
+    if the process dies, it stays as a hidden ``.NAME.tmp-*`` sibling that readers ignore.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -80,19 +100,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        for child in tmp.rglob("*"):
-            if child.is_file():
-                fsync_path(child)
-        for child in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:
-            fsync_path(child)
-        trash = None
-        if target.exists():
-            trash = _temporary_sibling(target, "old")
-            os.rename(target, trash)
-        os.rename(tmp, target)
-        fsync_path(target.parent)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+        publish_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
