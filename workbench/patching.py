@@ -4,8 +4,8 @@ The corrupted run gets the clean run's activation put in at one (position, step)
 ``direction="noising"`` puts the corrupted activation into the clean run instead). The measure is
 ``restored`` = (m_patched − m_corrupted) / (m_clean − m_corrupted), m the log-probability of the target
 token at the last position: 1 = the patch alone restores the clean answer, 0 = it changes nothing.
-Many patches run as one batched forward (each batch row carries its own patch), so a whole
-position × step grid costs a few forwards instead of one per cell.
+Many patches run as one batched forward (each batch row carries its own patch), and a patch of the
+core state s_i resumes from the cached s_i instead of recomputing the first i iterations.
 """
 
 from __future__ import annotations
@@ -47,21 +47,29 @@ def _positions(positions: str | Sequence[int], length: int) -> list[int]:
     return chosen
 
 
+def _cell_masks(
+    cells: list[tuple[int, int | None]], length: int, device: torch.device
+) -> dict[int | None, torch.Tensor]:
+    """Per step, a (B, T, 1) mask of where each batch row's patch goes (B = len(cells))."""
+    masks: dict[int | None, torch.Tensor] = {}
+    for row, (pos, step) in enumerate(cells):
+        mask = masks.setdefault(
+            step, torch.zeros(len(cells), length, 1, dtype=torch.bool, device=device)
+        )
+        if pos < 0:
+            mask[row] = True
+        else:
+            mask[row, pos] = True
+    return masks
+
+
 def _patch_hook(cells: list[tuple[int, int | None]], source: torch.Tensor, hook: str, length: int):
     """A hook that writes ``source``'s activation into batch row b at cell b's (position, step).
 
     ``source`` is run_with_cache's tensor for the hook (stacked over steps when iterated, batch 1).
     Rows are grouped by step once, so each firing costs one masked ``where``.
     """
-    masks: dict[int | None, torch.Tensor] = {}
-    for row, (pos, step) in enumerate(cells):
-        mask = masks.setdefault(
-            step, torch.zeros(len(cells), length, 1, dtype=torch.bool, device=source.device)
-        )
-        if pos < 0:
-            mask[row] = True
-        else:
-            mask[row, pos] = True
+    masks = _cell_masks(cells, length, source.device)
 
     def fn(x: torch.Tensor, h) -> torch.Tensor | None:
         mask = masks.get(h.step)
@@ -72,6 +80,22 @@ def _patch_hook(cells: list[tuple[int, int | None]], source: torch.Tensor, hook:
         return torch.where(mask, src[0].to(x.dtype), x)
 
     return fn
+
+
+def _batches(
+    cells: list[tuple[int, int | None]], batch_size: int, by_step: bool
+) -> list[list[int]]:
+    """Cell indices in forward-sized batches; with ``by_step`` every batch holds one step only."""
+    order = sorted(range(len(cells)), key=lambda i: cells[i][1]) if by_step else range(len(cells))
+    batches: list[list[int]] = []
+    for i in order:
+        last = batches[-1] if batches else None
+        same_step = last is not None and (not by_step or cells[last[0]][1] == cells[i][1])
+        if last is not None and same_step and len(last) < batch_size:
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def patch_states(
@@ -88,6 +112,7 @@ def patch_states(
     direction: str = "denoising",
     batch_size: int = 64,
     seed: int = 0,
+    reuse_prefix: bool = True,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Patch ``hook``'s activation between a clean and a corrupted run at every (position, step).
@@ -100,7 +125,10 @@ def patch_states(
     last-position log-probability is measured (default: the clean run's top token there).
     ``direction``: "denoising" (clean activation into the corrupted run) or "noising" (corrupted
     activation into the clean run); ``restored`` has the same formula for both. ``batch_size``
-    patches run per batched forward (1 = one at a time).
+    patches run per batched forward (1 = one at a time). ``reuse_prefix`` (core.hook_state only): a
+    patch at step i starts from the base run's cached s_i with the patch put in and runs the
+    remaining r − i steps (the core has no step-dependent weights), halving a full grid's cost;
+    False runs every patch from s_0 through the hook.
 
     Returns one row per (position, step): ``position``, ``step``, ``token``, ``restored`` and
     ``logprob`` (m_patched).
@@ -146,15 +174,26 @@ def patch_states(
             base_ids, source = clean, cache_corr[hook]
 
         cells = [(p, s) for p in chosen_positions for s in chosen_steps]
+        # s_i determines everything after step i: a patch of s_i resumes from the base run's
+        # cached (patched) state instead of recomputing steps 1 … i
+        resume = reuse_prefix and hook == "core.hook_state"
+        base_states = (cache_corr if direction == "denoising" else cache_clean)[hook]
         patched = np.empty(len(cells))
-        starts = range(0, len(cells), int(batch_size))
-        for start in tqdm(starts, desc="patching", disable=not progress):
-            chunk = cells[start : start + int(batch_size)]
-            fn = _patch_hook(chunk, source, hook, length)
-            init = run_init(model, length, init_scale, seed, len(chunk))
-            with model.hooks([(hook, fn)]):
-                out = model(base_ids.expand(len(chunk), -1), num_steps=num_steps, **init)
-            patched[start : start + len(chunk)] = log_probs(out.logits)[:, target].cpu().numpy()
+        batches = _batches(cells, int(batch_size), by_step=resume)
+        for index in tqdm(batches, desc="patching", disable=not progress):
+            chunk = [cells[i] for i in index]
+            ids = base_ids.expand(len(chunk), -1)
+            if resume:
+                step = chunk[0][1]
+                mask = _cell_masks(chunk, length, source.device)[step]
+                state = torch.where(mask, source[step][0], base_states[step][0])
+                out = model(ids, num_steps=num_steps - step, init_state=state)
+            else:
+                fn = _patch_hook(chunk, source, hook, length)
+                init = run_init(model, length, init_scale, seed, len(chunk))
+                with model.hooks([(hook, fn)]):
+                    out = model(ids, num_steps=num_steps, **init)
+            patched[index] = log_probs(out.logits)[:, target].cpu().numpy()
 
     labels = token_labels(model, clean)
     return pd.DataFrame(
