@@ -1,4 +1,5 @@
-"""SLURM: ranks from SLURM's variables, the first host of a node list, and the sbatch script."""
+"""SLURM: ranks from SLURM's variables, the first host of a node list, and the sbatch script
+(ulimit, venv broadcast with sbcast, persistent caches, data preparation as its own step)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 from .config import TrainConfig
 from .rocm import frontier_environment
@@ -76,16 +78,46 @@ def set_torch_env_from_slurm(environ: MutableMapping[str, str] | None = None) ->
     return {k: environ[k] for k in values}
 
 
+NODE_TMP = "/tmp/huginn-${SLURM_JOB_ID}"  # node-local, per job
+
+# Runs once on every node (one task per node): unpack the broadcast venv, seed the node-local
+# caches from the chain's persistent copy. Exported as a bash function so srun's bash can call it.
+NODE_SETUP = r"""node_setup() {
+    set -euo pipefail
+    mkdir -p "$NODE_TMP" "$TORCHINDUCTOR_CACHE_DIR" "$MIOPEN_USER_DB_PATH"
+    tar -C "$NODE_TMP" -xf "$NODE_TMP.venv.tar"
+    rm -f "$NODE_TMP.venv.tar"
+    cp -a "$RUN_CACHE/inductor/." "$TORCHINDUCTOR_CACHE_DIR/" 2>/dev/null || true
+    cp -a "$RUN_CACHE/miopen/." "$MIOPEN_USER_DB_PATH/" 2>/dev/null || true
+}"""
+
+
+def _quoted(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
 def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | None = None) -> str:
-    """A complete sbatch script for the configured cluster: one process per GPU/GCD, node-local
-    caches, the recipe's environment, a USR1 five minutes before the limit, and an array chain
-    (``%1``: one job at a time) whose every link resumes from the newest checkpoint."""
+    """A complete sbatch script for the configured cluster: one process per GPU/GCD, a USR1 five
+    minutes before the limit, and an array chain (``%1``: one job at a time) whose every link
+    resumes from the newest checkpoint.
+
+    Every link raises ``ulimit -n`` (each rank memory-maps every shard), copies the venv to
+    node-local storage once per node (tar once per chain, ``sbcast``, untar in a one-task-per-node
+    step) instead of 8 x nodes ranks importing torch from the shared file system, keeps the
+    inductor and MIOpen caches node-local while running and persistent in ``OUT/cache`` between
+    links, and runs the data preparation as its own step only when the manifest is missing or
+    stale. Progress is logged as lines (stdout is a file under SLURM).
+    """
     c = config.cluster
     tasks = c.nodes * c.gpus_per_node
-    env = frontier_environment(ofi_rccl_lib=c.ofi_rccl_lib, gdr=c.gdr)
-    args = ["--config", config_path, "--out", c.out, "--resume"]
+    node_cores = c.gpus_per_node * c.cpus_per_task
+    workers = config.data.workers if config.data.workers > 1 else node_cores
+    env = frontier_environment(ofi_rccl_lib=c.ofi_rccl_lib, gdr=c.gdr, cache_root=NODE_TMP)
+    common = ["--config", config_path, "--out", c.out]
     for o in overrides or []:
-        args += ["--set", o]
+        common += ["--set", o]
+    venv = c.venv.rstrip("/") or "."
+    venv_name = shlex.quote(Path(venv).name)
     array = f"#SBATCH --array=1-{c.array_length}%1\n" if c.array_length > 1 else ""
     lines = [
         "#!/bin/bash",
@@ -105,23 +137,62 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         f"# {c.nodes} nodes x {c.gpus_per_node} = {tasks} ranks. The array chain runs one link at a",
         "# time (%1); every link resumes from checkpoints/latest (--resume starts fresh if none).",
         "# SLURM sends USR1 to every rank 300 s before the limit: they checkpoint and exit.",
-        *(f"module load {m}" for m in c.modules),
-        f"source {c.venv}/bin/activate",
-        f"mkdir -p {c.out}",
+        "# stdout is a file here, so the trainer logs progress lines instead of drawing a bar.",
+        'cd "${SLURM_SUBMIT_DIR:-.}"',
         "",
-        "# The recipe's environment (pretrain/rocm.py: frontier_environment)",
+        "# Every rank memory-maps every data shard: raise the open-file limit to the hard limit;",
+        "# srun --propagate=NOFILE carries it to the ranks on every node.",
+        'ulimit -n "$(ulimit -Hn)" 2>/dev/null || ulimit -n 1048576 2>/dev/null \\',
+        '    || echo "warning: ulimit -n stays at $(ulimit -n)" >&2',
+        "set +u  # module scripts may read unset variables",
+        *(f"module load {m}" for m in c.modules),
+        "set -u",
+        f"export NODE_TMP={NODE_TMP}",
+        f'export RUN_CACHE="$(realpath -m {shlex.quote(c.out)})/cache"  # kept across the chain\'s links',
+        'mkdir -p "$RUN_CACHE/inductor" "$RUN_CACHE/miopen"',
+        "export PYTHONUNBUFFERED=1",
+        "",
+        "# The recipe's environment (pretrain/rocm.py: frontier_environment); caches node-local",
         *(f'export {k}="{v}"' for k, v in env.items()),
         "",
-        "# Node-local caches, created on every node",
-        f"srun -N {c.nodes} --ntasks-per-node=1 mkdir -p "
-        '"$TORCHINDUCTOR_CACHE_DIR" "$MIOPEN_USER_DB_PATH"',
+        "# The venv to node-local storage: tar it once per chain (again when it changed), sbcast the",
+        "# tarball to every node, untar there in a one-task-per-node step; the caches are seeded",
+        "# from the chain's persistent copy in the same step.",
+        f"VENV={shlex.quote(venv)}",
+        'VENV_TAR="$RUN_CACHE/venv.tar"',
+        'if [ ! -f "$VENV_TAR" ] || [ -n "$(find "$VENV/" -newer "$VENV_TAR" -print -quit)" ]; then',
+        '    tar -C "$(dirname "$VENV")" -cf "$VENV_TAR.tmp" "$(basename "$VENV")"',
+        '    mv "$VENV_TAR.tmp" "$VENV_TAR"',
+        "fi",
+        'sbcast --force --compress "$VENV_TAR" "$NODE_TMP.venv.tar"',
+        NODE_SETUP,
+        "export -f node_setup",
+        f"srun -N {c.nodes} --ntasks-per-node=1 bash -c node_setup",
+        f'export VIRTUAL_ENV="$NODE_TMP/{venv_name}"',
+        'export PATH="$VIRTUAL_ENV/bin:$PATH"',
+        "",
+        "# The data, prepared once as its own step (one node, all its cores), only when the",
+        "# manifest is missing or stale. A corpus that takes hours is better prepared by its own",
+        f"# job first: sbatch -N 1 -c {node_cores} --wrap 'python pretrain/prepare.py ...', then this",
+        "# script with --dependency=afterok:<that job id>. The ranks only read the manifest.",
+        f"if ! python pretrain/prepare.py {_quoted(common)} --check; then",
+        f"    srun -N 1 -n 1 -c {node_cores} --kill-on-bad-exit=1 \\",
+        f"        python pretrain/prepare.py {_quoted(common)} --workers {workers}",
+        "fi",
         "",
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 20000))",
         "",
+        "status=0",
         f"srun -N {c.nodes} -n {tasks} --ntasks-per-node={c.gpus_per_node} "
-        f"--gpus-per-node={c.gpus_per_node} -c {c.cpus_per_task} --kill-on-bad-exit=1 \\",
-        "    python pretrain/launch.py " + " ".join(shlex.quote(a) for a in args),
+        f"--gpus-per-node={c.gpus_per_node} -c {c.cpus_per_task} --kill-on-bad-exit=1 "
+        "--propagate=NOFILE \\",
+        f"    python pretrain/launch.py {_quoted([*common, '--resume'])} || status=$?",
+        "",
+        "# Save this node's compile and MIOpen caches for the next link (all nodes compile the same).",
+        'cp -a -u "$TORCHINDUCTOR_CACHE_DIR/." "$RUN_CACHE/inductor/" 2>/dev/null || true',
+        'cp -a -u "$MIOPEN_USER_DB_PATH/." "$RUN_CACHE/miopen/" 2>/dev/null || true',
+        'exit "$status"',
         "",
     ]
     return "\n".join(lines)

@@ -200,7 +200,8 @@ def _load_tokenizer(config: DataConfig, corpus: Corpus, out_path: Path, progress
 
     if progress:
         print(f"training a {config.vocab_size}-token byte-level BPE tokenizer", flush=True)
-    return train_tokenizer(texts(), config.vocab_size, out_path, show_progress=progress)
+    show = progress and sys.stdout.isatty()  # tokenizers' own bar: blank lines in a log file
+    return train_tokenizer(texts(), config.vocab_size, out_path, show_progress=show)
 
 
 class Mixture:
