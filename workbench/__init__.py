@@ -5,6 +5,7 @@ Data flows one way: model → hooks → ``Trajectory`` → analyzers (DataFrames
 
 from ._frames import position_labels
 from .ablation import AblationResult, ablate_subspace, project_out_hook, token_rotation_plane
+from .checkpoint_series import checkpoint_series
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
 from .dynamics import classify_dynamics
@@ -37,6 +38,7 @@ __all__ = [
     "ablate_subspace",
     "add_vector_hook",
     "attractor_distance",
+    "checkpoint_series",
     "classify_dynamics",
     "collect",
     "collect_sublayers",

@@ -6,9 +6,11 @@ from .interventions import ablation_control_figure, patching_heatmap, steering_s
 from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
 from .seeds import seed_overlay, spread_curves
+from .training import checkpoint_series_figure
 
 __all__ = [
     "ablation_control_figure",
+    "checkpoint_series_figure",
     "convergence_heatmap",
     "lens_heatmap",
     "lens_table",
