@@ -28,6 +28,7 @@ from .steering import (
 from .step_dynamics import step_dynamics
 from .token_correlation import token_correlation
 from .trajectory import Trajectory
+from .wavefront import frontier_frame, wavefront_frame
 
 __all__ = [
     "AblationResult",
@@ -45,6 +46,7 @@ __all__ = [
     "convergence",
     "correctness_probe",
     "difference_of_means",
+    "frontier_frame",
     "iteration_probe",
     "lens",
     "patch_states",
@@ -64,4 +66,5 @@ __all__ = [
     "token_correlation",
     "token_rotation_plane",
     "trajectory_features",
+    "wavefront_frame",
 ]

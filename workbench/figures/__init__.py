@@ -7,6 +7,7 @@ from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
 from .seeds import seed_overlay, spread_curves
 from .training import checkpoint_series_figure
+from .wavefront import wavefront_heatmap
 
 __all__ = [
     "ablation_control_figure",
@@ -24,4 +25,5 @@ __all__ = [
     "steps_per_token_bars",
     "token_correlation_curve",
     "waterfall_3d",
+    "wavefront_heatmap",
 ]
