@@ -1,9 +1,10 @@
 """Pretrain a recurrent-depth model: ``python pretrain/launch.py [--config FILE] [--set k=v ...]
-[--out DIR] [--resume] [--max-steps N] [--nproc N] [--slurm-script]``.
+[--out DIR] [--resume] [--max-steps N] [--nproc N] [--slurm-script] [--plan]``.
 
 With no arguments it trains pretrain/configs/cpu-tiny.yaml on the embedded starter corpus into
 runs/cpu-tiny. ``--nproc N`` re-launches as N local ranks through torchrun; under SLURM
-(SLURM_PROCID set) the ranks come from SLURM's variables; ``--slurm-script`` prints the sbatch script.
+(SLURM_PROCID set) the ranks come from SLURM's variables; ``--slurm-script`` prints the sbatch script;
+``--plan`` prints the per-device memory plan (pretrain/plan.py) and exits 0 when the step fits.
 """
 
 from __future__ import annotations
@@ -45,6 +46,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="print the sbatch script for the configured cluster and exit",
     )
+    plan = p.add_argument_group("memory plan (--plan)")
+    plan.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the per-device memory plan and exit (0: it fits, 3: it does not)",
+    )
+    plan.add_argument("--nodes", type=int, default=None, help="nodes (default cluster.nodes)")
+    plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="ranks per node (default cluster.gpus_per_node)",
+    )
+    plan.add_argument(
+        "--device",
+        dest="plan_device",
+        default=None,
+        help="mi250x, mi300x, h100, h200 or cpu (default cluster.device; cpu for train.device=cpu)",
+    )
+    plan.add_argument(
+        "--device-memory", type=float, default=None, metavar="GIB", help="override the capacity"
+    )
     return p.parse_args(argv)
 
 
@@ -76,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     except TrainConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.plan:
+        return print_plan(config, args)
     if args.slurm_script:
         from pretrain.slurm import sbatch_script
 
@@ -83,6 +108,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     return train(config, out, resume=args.resume, max_steps=args.max_steps)
+
+
+def print_plan(config, args: argparse.Namespace) -> int:
+    """Print the memory plan; 0 when the step fits on the device, 3 (and one line) when not."""
+    from pretrain.plan import PlanError, format_plan, plan_all, resolve_device, verdict
+
+    on_cpu = config.train.device == "cpu"
+    nodes = args.nodes or (1 if on_cpu else config.cluster.nodes)
+    gpus = args.gpus_per_node or (1 if on_cpu else config.cluster.gpus_per_node)
+    try:
+        device = resolve_device(
+            args.plan_device or ("cpu" if on_cpu else config.cluster.device), args.device_memory
+        )
+        plans = plan_all(config, device, nodes, gpus)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    plan = plans[config.distributed.strategy]
+    print(format_plan(plan, plans))
+    line = verdict(plan, plans)
+    if plan.fits:
+        print(line)
+        return 0
+    print(line, file=sys.stderr)
+    return 3
 
 
 def train(config, out: Path, resume: bool = False, max_steps: int | None = None) -> int:
