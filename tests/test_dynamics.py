@@ -8,9 +8,16 @@ import pytest
 from sklearn.decomposition import PCA
 
 from workbench import classify_dynamics
-from workbench.dynamics import KINDS, default_tail, rotation_plane, rotation_planes
+from workbench.dynamics import (
+    KINDS,
+    default_tail,
+    rotation_plane,
+    rotation_planes,
+    transient_windows,
+)
 from workbench.dynamics_features import drift_features, tail_pca
 from workbench.synthetic import SUBTYPES, make_benchmark, make_set, rms_normalise
+from workbench.synthetic_holdout import HOLDOUT_SUBTYPES, make_holdout
 
 H = 64
 
@@ -272,3 +279,69 @@ def test_figure_eight_is_not_an_orbit() -> None:
         rng
     )
     assert classify_dynamics(traj[:, None, :]).kind.iloc[0] != "orbit"
+
+
+def test_heldout_family_accuracy() -> None:
+    """A generator family built differently (warped speeds, skew ellipses, tori, spiral-in
+    transients, Student-t noise, ln_f weights), never used to choose thresholds: seed 2000."""
+    frames = []
+    for s in make_holdout(seed=2000, repeats=1):
+        pred = classify_dynamics(s.states).reset_index(drop=True)
+        frames.append(
+            pd.concat([s.labels, pred[["kind", "period", "flip"]].add_suffix("_pred")], axis=1)
+        )
+    r = pd.concat(frames, ignore_index=True)
+    assert set(zip(r.kind, r.subtype)) == {
+        (k, s) for k, subs in HOLDOUT_SUBTYPES.items() for s in subs
+    }
+    hit = r.kind == r.kind_pred
+    assert hit.mean() >= 0.98, r[~hit][["kind", "subtype", "noise", "steps", "kind_pred"]]
+    orbits = r[(r.kind == "orbit") & hit]
+    assert (orbits.flip_pred == (orbits.subtype == "flip")).all()
+    assert ((orbits.period_pred / orbits.period - 1).abs() <= 0.05).all()
+
+
+def _with_transient(
+    traj: np.ndarray, scale: float = 6.0, q: float = 0.8, seed: int = 3
+) -> np.ndarray:
+    d = np.random.default_rng(seed).standard_normal(traj.shape[1])
+    return traj + scale * np.outer(q ** np.arange(len(traj)), d / np.linalg.norm(d))
+
+
+@pytest.mark.parametrize("period", [40.0, 44.0, 48.0])
+def test_long_period_orbit_window_starts_after_the_transient(period: float) -> None:
+    """Periods of 60–75 % of a 64-step run: the fixed half-run tail holds < 0.8 turns, the window
+    after the transient holds more."""
+    traj = _with_transient(_circle(period, steps=64))[:, None, :]
+    row = classify_dynamics(traj).iloc[0]
+    assert row.kind == "orbit" and row.period == pytest.approx(period, rel=0.02)
+    assert row.window > 0.8 * period and 0 < row.window_start < 32
+    assert classify_dynamics(traj, tail=32).kind.iloc[0] != "orbit"  # an explicit tail is kept
+
+
+def test_transient_end_tracks_the_decay() -> None:
+    """A transient 20 q^t off the plane of a radius-2 circle ends (+2 steps margin) when the state
+    comes within 1.5 radii of the orbit's centre: sqrt(4 + 400 q^2t) <= 3."""
+    qs = (0.5, 0.8, 0.9)
+    runs = [_with_transient(_circle(12.0), scale=20.0, q=q) for q in qs]
+    starts = 64 - transient_windows(np.stack(runs, axis=1), 16)
+    t = np.arange(65)
+    expected = [np.flatnonzero(np.sqrt(4 + 400 * q ** (2 * t)) > 3).max() + 3 for q in qs]
+    assert np.all(np.abs(starts - expected) <= 2) and np.all(np.diff(starts) > 0), (
+        starts,
+        expected,
+    )
+    clean = classify_dynamics(_circle(45.0)[:, None, :]).iloc[0]
+    assert clean.window_start == 0 and clean.kind == "orbit"
+
+
+def test_period_two_flip_is_flagged() -> None:
+    rng = np.random.default_rng(4)
+    centre, u = rng.standard_normal(H), _plane(rng, 1)[0]
+    sign = (-1.0) ** np.arange(65)
+    flip = centre + np.outer(sign, u)
+    damped = centre + np.outer(sign * 0.85 ** np.arange(65), u)
+    df = classify_dynamics(np.stack([flip, _circle(7.0), damped], axis=1))
+    assert list(df.kind) == ["orbit", "orbit", "fixed_point"]
+    assert list(df.flip) == [True, False, False]
+    assert df.period.iloc[0] == pytest.approx(2.0, rel=1e-3)

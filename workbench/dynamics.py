@@ -1,7 +1,13 @@
 """Dynamics classification per token: fixed point, orbit, slider or other (analysis.md item 3).
 
-Each token's tail (its last `tail` steps) is measured by `workbench.dynamics_features` and the
-numbers are turned into a kind, first match wins:
+Each token's tail (its last `tail` steps, default half the run) is measured by
+`workbench.dynamics_features` and the numbers are turned into a kind, first match wins (below).
+With the default tail, a token that is not an orbit on it is tested again on the longer window
+that starts where its transient ends (`dynamics_features.transient_end`: the first state after
+which steps and distances from the tail's mean stay within 1.5 × those of the tail): an orbit
+whose period is 55–75 % of the run holds < 0.8 turns in half the run but more after its transient.
+When only the longer window shows an orbit, the token is an orbit measured on that window; the
+`window` and `window_start` columns say which steps were analysed. An explicit `tail` is kept.
 
 1. fixed_point: the median relative step ‖x_t − x_{t−1}‖/‖x_t‖ of the last 4 steps < `fixed_tol`;
 2. orbit: the best single-frequency fit c + a cos ωt + b sin ωt of the tail's top PCs (ω from a
@@ -11,8 +17,11 @@ numbers are turned into a kind, first match wins:
    steps advancing forward by less than 3ω ≥ `min_angle_consistency`; closed non-elliptic loops
    such as rounded squares or limaçons pass) at a mean speed that agrees with the spectral ω within
    `max_speed_mismatch`, and its radius does not shrink (per-step trend > `max_contraction`: a
-   converging spiral is a fixed point). Near period 2 (ω > 0.9π) the ellipse degenerates to a
-   flip-flop and only share and turns are required;
+   converging spiral is a fixed point), nor do its step norms (a damped spiral or flip).
+   Near period 2 (ω > 0.9π) the ellipse degenerates to a flip: two alternating states. Only share,
+   turns and no decay are required, and the boolean column `flip` marks these orbits (kind stays
+   "orbit": a 2-cycle is a periodic orbit of the iteration, and readers of `kind` keep working;
+   the second vector of its `rotation_plane` carries no rotation);
 3. fixed_point (converging): step norms in the top-3 PC space fall geometrically (ratio ≤
    `max_contraction` per step, log-linear R² ≥ `min_decay_fit`), or the displacements between the
    means of the tail's quarters shrink monotonically at that rate, by ≤ `max_chunk_shrink` overall,
@@ -43,10 +52,11 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from ._frames import token_labels
-from .dynamics_features import convergence_features, drift_features, tail_pca
+from .dynamics_features import convergence_features, drift_features, tail_pca, transient_end
 from .dynamics_rotation import plane_bases, rotation_fit
 
 KINDS = ("fixed_point", "orbit", "slider", "other")
+FLIP_SPEED = 0.9 * np.pi  # orbits faster than this (period < 2.2 steps) are period-2 flips
 MIN_TAIL = 8
 
 
@@ -102,7 +112,9 @@ def _is_converging(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
 
 def _is_orbit(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
     omega = f.angular_speed.fillna(0.0)
-    flip_flop = omega > 0.9 * np.pi  # period close to 2: the ellipse degenerates to a segment
+    # step norms shrinking geometrically: a converging spiral or damped flip, not an orbit
+    decaying = (f.contraction <= th.max_contraction) & (f.contraction_fit >= th.min_decay_fit)
+    flip_flop = omega > FLIP_SPEED  # period close to 2: the ellipse degenerates to a segment
     ellipse = (
         (f.aspect >= th.min_aspect)
         & (f.angle_consistency >= th.min_angle_consistency)
@@ -114,6 +126,7 @@ def _is_orbit(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
         & (f.revolutions >= th.min_revolutions)
         & (flip_flop | ellipse)
         & (f.radial_trend > th.max_contraction)  # not a converging spiral
+        & ~decaying
     ).to_numpy()
 
 
@@ -137,61 +150,122 @@ def _decide(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
 
 def _features(
     states: np.ndarray,
-    tail: int,
+    windows: np.ndarray,
     th: DynamicsThresholds,
     planes: bool = False,
     chunk_bytes: int = 64 << 20,
 ) -> tuple[pd.DataFrame, np.ndarray | None]:
-    """Diagnostic numbers of every token's tail (one row each) and, if `planes`, the rotation
-    planes (T, 2, h).
+    """Diagnostic numbers of every token's window (its last `windows[i]` steps; one row each) and,
+    if `planes`, the rotation planes (T, 2, h).
 
-    Tails are converted to float64 and processed in batches of tokens of at most `chunk_bytes`, so
-    memory stays bounded at any width.
+    Tokens are grouped by window length; windows are converted to float64 and processed in batches
+    of tokens of at most `chunk_bytes`, so memory stays bounded at any width.
     """
-    frames, bases = [], []
-    chunk = max(1, min(256, chunk_bytes // (8 * (tail + 1) * states.shape[2])))
+    T, h = states.shape[1], states.shape[2]
+    frames, bases = [], np.zeros((T, 2, h)) if planes else None
     # one BLAS thread: these are many small matrices, and threads oversubscribe shared CPUs
     with threadpool_limits(1):
-        for start in range(0, max(states.shape[1], 1), chunk):
-            tails = np.swapaxes(states[-tail - 1 :, start : start + chunk], 0, 1).astype(np.float64)
-            pca = tail_pca(tails, th.n_components)
-            rot = rotation_fit(pca.scores, pca.total)
-            if planes:
-                bases.append(plane_bases(rot, pca.components(tails)))
-            frames.append(
-                pd.DataFrame(
-                    convergence_features(tails, pca)
-                    | drift_features(pca)
-                    | dict(
-                        angular_speed=rot.omega,
-                        revolutions=rot.omega * tail / (2 * np.pi),
-                        plane_variance_share=rot.share,
-                        aspect=rot.aspect,
-                        angle_speed=rot.angle_speed,
-                        angle_consistency=rot.consistency,
-                        radial_trend=rot.radial_trend,
+        for window in np.unique(windows):
+            tokens = np.flatnonzero(windows == window)
+            chunk = max(1, min(256, chunk_bytes // (8 * (window + 1) * h)))
+            for start in range(0, len(tokens), chunk):
+                idx = tokens[start : start + chunk]
+                tails = np.swapaxes(states[-window - 1 :, idx], 0, 1).astype(np.float64)
+                pca = tail_pca(tails, th.n_components)
+                rot = rotation_fit(pca.scores, pca.total)
+                if planes:
+                    bases[idx] = plane_bases(rot, pca.components(tails))
+                frames.append(
+                    pd.DataFrame(
+                        convergence_features(tails, pca)
+                        | drift_features(pca)
+                        | dict(
+                            angular_speed=rot.omega,
+                            revolutions=rot.omega * window / (2 * np.pi),
+                            plane_variance_share=rot.share,
+                            aspect=rot.aspect,
+                            angle_speed=rot.angle_speed,
+                            angle_consistency=rot.consistency,
+                            radial_trend=rot.radial_trend,
+                            window=int(window),
+                        ),
+                        index=idx,
                     )
                 )
-            )
-    return pd.concat(frames, ignore_index=True), np.concatenate(bases) if planes else None
+    if not frames:
+        empty = np.zeros((states.shape[0], 1, h))
+        return _features(empty, np.array([states.shape[0] - 1]), th)[0].iloc[:0], bases
+    return pd.concat(frames).sort_index().reset_index(drop=True), bases
 
 
-def _table(f: pd.DataFrame, kinds: np.ndarray, tokens: Sequence[str] | None) -> pd.DataFrame:
+def transient_windows(states: np.ndarray, tail: int, chunk_bytes: int = 64 << 20) -> np.ndarray:
+    """Per token (T,), the steps after the end of its transient (`dynamics_features.transient_end`),
+    at least `tail`."""
+    steps, T, h = states.shape[0] - 1, states.shape[1], states.shape[2]
+    out = np.full(T, tail, dtype=int)
+    if tail >= steps:
+        return out
+    chunk = max(1, min(256, chunk_bytes // (8 * (steps + 1) * h)))
+    with threadpool_limits(1):
+        for start in range(0, T, chunk):
+            runs = np.swapaxes(states[:, start : start + chunk], 0, 1).astype(np.float64)
+            out[start : start + chunk] = steps - transient_end(runs, tail)
+    return out
+
+
+def _analyse(
+    states: np.ndarray, tail: int, adaptive: bool, th: DynamicsThresholds, planes: bool = False
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray | None]:
+    """Features, kinds and (if `planes`) rotation planes of every token.
+
+    Every token is judged on the fixed window of the last `tail` steps. With `adaptive`, a token
+    whose transient ends earlier is also tested for an orbit on the longer window after its
+    transient; when only that window shows an orbit (a period too long for the fixed window), the
+    token is an orbit and its numbers come from the longer window.
+    """
+    T = states.shape[1]
+    feats, bases = _features(states, np.full(T, tail), th, planes)
+    kinds = _decide(feats, th)
+    if not adaptive or T == 0:
+        return feats, kinds, bases
+    windows = transient_windows(states, tail)
+    candidates = np.flatnonzero((windows > tail) & (kinds != "orbit"))
+    candidates = candidates[feats.tail_relative_step.to_numpy()[candidates] >= th.fixed_tol]
+    if len(candidates):
+        sub = states[:, candidates]
+        long_feats, long_bases = _features(sub, windows[candidates], th, planes)
+        found = _is_orbit(long_feats, th)
+        chosen = candidates[found]
+        if len(chosen):
+            for col in feats.columns:
+                feats.loc[chosen, col] = long_feats[col].to_numpy()[found]
+            kinds[chosen] = "orbit"
+            if planes:
+                bases[chosen] = long_bases[found]
+    return feats, kinds, bases
+
+
+def _table(
+    f: pd.DataFrame, kinds: np.ndarray, tokens: Sequence[str] | None, steps: int
+) -> pd.DataFrame:
     """The output frame: kind columns (blank where they do not apply), then the diagnostics."""
     orbit, slider = kinds == "orbit", kinds == "slider"
     omega = f.angular_speed.to_numpy()
+    window = f.window.to_numpy().astype(int)
     out = pd.DataFrame(
         dict(
             token=token_labels(tokens, len(f)),
             kind=kinds,
             period=np.where(orbit, 2 * np.pi / np.where(orbit, omega, 1.0), np.nan),
             angular_speed=np.where(orbit, omega, np.nan),
+            flip=orbit & (np.nan_to_num(omega) > FLIP_SPEED),
             drift_speed=np.where(slider, f.drift_velocity_norm, np.nan),
             drift_direction_share=np.where(slider, f.drift_variance_share, np.nan),
         ),
         index=pd.RangeIndex(len(f), name="position"),
     )
-    return pd.concat([out, f.drop(columns="angular_speed").set_index(out.index)], axis=1)
+    rest = f.drop(columns=["angular_speed", "window"]).set_index(out.index)
+    return pd.concat([out, rest.assign(window=window, window_start=steps - window)], axis=1)
 
 
 def classify_dynamics(
@@ -204,16 +278,20 @@ def classify_dynamics(
 
     Returns one row per token (index = token position) with `token` (the string from `tokens`, or
     the position as a string), `kind` (one of KINDS), `period` and `angular_speed` (rad/step; NaN
-    unless orbit), `drift_speed` (distance per step) and `drift_direction_share` (NaN unless
+    unless orbit), `flip` (True for period-2 orbits: two alternating states), `drift_speed` (distance per step) and `drift_direction_share` (NaN unless
     slider), `final_step_size` ‖s_r − s_{r−1}‖/‖s_r‖, and the diagnostics behind the decision
     (see `DynamicsThresholds` and the module docstring).
-    `tail` defaults to min(steps, max(16, steps // 2)); keyword thresholds override the
+    `window`/`window_start` (the steps analysed: the tail, or for an orbit found only after its
+    transient, the steps from the transient's end).
+    `tail` defaults to min(steps, max(16, steps // 2)), with the transient-end window tried for
+    orbits (module docstring); an explicit `tail` is used as given. Keyword thresholds override the
     `DynamicsThresholds` defaults. Raises ValueError on NaN/inf or fewer than 8 tail steps.
     """
     th = DynamicsThresholds(**thresholds)
+    adaptive = tail is None
     states, tail = _check_states(states, tail)
-    feats, _ = _features(states, tail, th)
-    return _table(feats, _decide(feats, th).astype(object), tokens)
+    feats, kinds, _ = _analyse(states, tail, adaptive, th)
+    return _table(feats, kinds.astype(object), tokens, states.shape[0] - 1)
 
 
 def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int = 8) -> np.ndarray:
@@ -223,9 +301,7 @@ def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int 
     Meaningful when the token is classified as an orbit; for other kinds it is the plane of the best
     single-frequency fit.
     """
-    states, tail = _check_states(np.asarray(traj)[:, None, :], tail)
-    th = DynamicsThresholds(n_components=n_components)
-    return _features(states, tail, th, planes=True)[1][0]
+    return rotation_planes(np.asarray(traj)[:, None, :], tail, n_components)[0]
 
 
 def rotation_planes(
@@ -233,5 +309,7 @@ def rotation_planes(
 ) -> np.ndarray:
     """Rotation plane bases (T, 2, h) of every token of states (steps + 1, T, h); see
     `rotation_plane`."""
+    adaptive = tail is None
     states, tail = _check_states(states, tail)
-    return _features(states, tail, DynamicsThresholds(n_components=n_components), planes=True)[1]
+    th = DynamicsThresholds(n_components=n_components)
+    return _analyse(states, tail, adaptive, th, planes=True)[2]

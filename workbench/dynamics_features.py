@@ -167,3 +167,33 @@ def drift_features(pca: TailPCA, chunks: int = 8) -> dict[str, np.ndarray]:
             _gram_distances(pca.gram, idx[:-1], idx[1:]), _gram_distances(pca.gram, *ends)[:, 0]
         ),
     )
+
+
+def _last_above(values: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """Per row, 1 + the index of the last entry of values (T, m) above limit (T,), else 0."""
+    above = values > limit[:, None]
+    return np.where(above.any(axis=1), above.shape[1] - np.argmax(above[:, ::-1], axis=1), 0)
+
+
+def transient_end(
+    runs: np.ndarray, tail: int, k: int = 6, factor: float = 1.5, margin: int = 2
+) -> np.ndarray:
+    """Per token (T,), the first state after the transient of whole runs (T, n, h).
+
+    Measured in the top-`k` PC space of the whole run (where i.i.d. noise is mostly projected
+    out) against the last `tail` steps, taken to be on the attractor: the transient lasts while
+    a step is larger than `factor` × the largest step of the tail (a decaying transient moves
+    faster than the motion it settles into), and while a state is farther from the tail's mean
+    than `factor` × the farthest tail state (a slow transient is still away from the attractor).
+    The end is the first state after both, plus `margin`; a run with neither starts at 0. The
+    result is at most n − 1 − tail (the start of the tail).
+    """
+    n = runs.shape[1]
+    first = n - 1 - tail  # the tail's first state
+    scores = tail_pca(runs, k).scores
+    steps = np.linalg.norm(np.diff(scores, axis=1), axis=2)  # step j goes from state j to j + 1
+    fast = _last_above(steps[:, :first], factor * steps[:, first:].max(axis=1))
+    dist = np.linalg.norm(scores - scores[:, first:].mean(axis=1, keepdims=True), axis=2)
+    far = _last_above(dist[:, :first], factor * dist[:, first:].max(axis=1))
+    end = np.maximum(fast, far)
+    return np.minimum(np.where(end > 0, end + margin, 0), first)

@@ -8,7 +8,9 @@ RMS-normalised (x / rms(x)), as ln_f does without its weight.
 Kinds and subtypes (labels `kind`, `subtype`, and `period` = steps per revolution of the dominant
 rotation):
   orbit:       circle, ellipse, quasi (two planes, the second with 20–60 % of the amplitude);
-               radius 5–30 %, period 4–60 steps, all preceded by a converging transient.
+               radius 5–30 %, period 4–60 steps; long (a circle whose period is 55–75 % of the
+               run, more than the default tail of half the run holds); flip (period 2: two states
+               alternating, angular speed π); all preceded by a converging transient.
   slider:      line, curved (direction bends up to ~50°), wobble (line + a small rotation);
                speed 0.3–0.8 % per step.
   fixed_point: fast (contraction 0.5–0.8 per step), slow (0.88–0.95), spiral (damped rotation).
@@ -24,13 +26,14 @@ import numpy as np
 import pandas as pd
 
 SUBTYPES: dict[str, tuple[str, ...]] = {
-    "orbit": ("circle", "ellipse", "quasi"),
+    "orbit": ("circle", "ellipse", "quasi", "long", "flip"),
     "slider": ("line", "curved", "wobble"),
     "fixed_point": ("fast", "slow", "spiral"),
     "other": ("walk",),
 }
 NOISE_LEVELS: tuple[float, ...] = (0.0, 1e-3, 3e-3, 1e-2)
 MIN_PERIOD, MAX_PERIOD = 4.0, 60.0
+OWN_PERIODS = ("long", "flip")  # orbit subtypes with their own period range
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,15 @@ def max_period(steps: int) -> float:
     return float(min(MAX_PERIOD, steps // 2))
 
 
+def subtype_period(subtype: str, steps: int, rng: np.random.Generator) -> float | None:
+    """The period of the orbit subtypes that have their own range (long, flip), else None."""
+    if subtype == "flip":
+        return 2.0
+    if subtype == "long":
+        return float(rng.uniform(0.55, 0.75) * steps)
+    return None
+
+
 def make_trajectory(
     kind: str,
     subtype: str,
@@ -139,12 +151,15 @@ def make_trajectory(
 ) -> tuple[np.ndarray, float]:
     """One labelled trajectory (steps + 1, h), RMS-normalised, and its period (NaN unless orbit).
 
-    An orbit's `period` defaults to a log-uniform draw in [4, max_period(steps)].
+    An orbit's `period` defaults to a log-uniform draw in [4, max_period(steps)] (long: 55–75 %
+    of the run; flip: 2).
     """
     if subtype not in SUBTYPES[kind]:
         raise ValueError(f"unknown subtype {subtype!r} for kind {kind!r}")
     t = np.arange(steps + 1, dtype=float)
     if kind == "orbit":
+        if period is None:
+            period = subtype_period(subtype, steps, rng)
         if period is None:
             period = _log_uniform(rng, MIN_PERIOD, max_period(steps))
         x, period = _orbit(subtype, t, rng, h, period)
@@ -182,7 +197,8 @@ def make_benchmark(
 ) -> list[SyntheticSet]:
     """The benchmark: for each (steps, h) size, `repeats` tokens per subtype and noise level.
 
-    The orbits of each size get stratified periods spanning [4, max_period(steps)].
+    The circle, ellipse and quasi orbits of each size get stratified periods spanning
+    [4, max_period(steps)]; long and flip orbits draw their own.
     """
     rng = np.random.default_rng(seed)
     cases = [
@@ -194,8 +210,8 @@ def make_benchmark(
     ]
     sets = []
     for steps, h in sizes:
-        n_orbits = sum(kind == "orbit" for kind, _, _ in cases)
-        periods = iter(_stratified_periods(n_orbits, steps, rng))
-        sized = [c + (next(periods),) if c[0] == "orbit" else c for c in cases]
+        spread = [c[0] == "orbit" and c[1] not in OWN_PERIODS for c in cases]
+        periods = iter(_stratified_periods(sum(spread), steps, rng))
+        sized = [c + (next(periods),) if s else c for c, s in zip(cases, spread, strict=True)]
         sets.append(make_set(sized, steps, h, rng))
     return sets
