@@ -18,6 +18,7 @@ from workbench.dynamics import KINDS, MIN_TAIL
 from . import compute
 from .inputs import RunSettings
 from .messages import shown_as_message
+from .wavefront_view import wavefront_view
 
 PC_PAIRS = {"PC1 / PC2": (0, 1), "PC3 / PC4": (2, 3), "PC5 / PC6": (4, 5)}
 EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
@@ -268,4 +269,5 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Dynamics": dynamics_view,
     "Lenses": lenses_view,
     "Generation": generation_view,
+    "Wavefront": wavefront_view,
 }
