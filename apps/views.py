@@ -262,6 +262,13 @@ def generation_view(ctx: Context) -> None:
         table_download(table, "generation_steps")
 
 
+def training_view(ctx: Context) -> None:
+    """Dynamics across training (apps/training_view.py)."""
+    from .training_view import training_view as view
+
+    view(ctx)
+
+
 VIEWS: dict[str, Callable[[Context], None]] = {
     "Trajectories": trajectories_view,
     "Convergence": convergence_view,
@@ -270,4 +277,5 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Lenses": lenses_view,
     "Generation": generation_view,
     "Wavefront": wavefront_view,
+    "Training": training_view,
 }

@@ -6,7 +6,7 @@ from .interventions import ablation_control_figure, patching_heatmap, steering_s
 from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
 from .seeds import seed_overlay, spread_curves
-from .training import checkpoint_series_figure
+from .training import checkpoint_series_figure, loss_by_depth_figure
 from .wavefront import wavefront_heatmap
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "convergence_heatmap",
     "lens_heatmap",
     "lens_table",
+    "loss_by_depth_figure",
     "patching_heatmap",
     "pc_pair_panels",
     "rotation_panel",

@@ -79,3 +79,28 @@ def checkpoint_series_figure(frame: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="relative spread", type="log", row=2, col=1)
     fig.update_yaxes(title_text="mean correlation", row=2, col=2)
     return fig
+
+
+def loss_by_depth_figure(frame: pd.DataFrame) -> go.Figure:
+    """Loss vs recurrence depth, one line per checkpoint (later steps darker)."""
+    missing = {"step", "depth", "loss"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"not a checkpoint_series frame: missing column(s) {sorted(missing)}")
+    steps = sorted(frame["step"].unique())
+    fig = go.Figure()
+    for i, step in enumerate(steps):
+        part = frame[frame["step"] == step].sort_values("depth")
+        shade = 0.25 + 0.75 * (i + 1) / len(steps)
+        fig.add_trace(
+            go.Scatter(
+                x=part["depth"], y=part["loss"], mode="lines+markers", name=f"step {step}",
+                line=dict(color=f"rgba(38, 70, 83, {shade:.2f})"),
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        title="loss vs recurrence depth at each checkpoint",
+        xaxis=dict(title="recurrence steps r", type="log"),
+        yaxis_title="loss (nats/token)",
+        height=420,
+    )
+    return fig
