@@ -9,6 +9,7 @@ tokenizer threads) and each loads the tokenizer once.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 from collections import deque
@@ -27,13 +28,18 @@ def _load(path: str):
     return Tokenizer.from_file(path)
 
 
-def _encode(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _ids(tokenizer, texts: list[str]) -> list[list[int]]:
     # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which packing does not need.
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    encodings = encode(texts, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+
+def _encode(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Flat uint32 ids and lengths: one compact buffer to send back from a worker."""
+    encodings = _ids(tokenizer, texts)
+    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
     ids = np.fromiter(
-        (i for e in encodings for i in e.ids), dtype=np.uint32, count=int(lengths.sum())
+        itertools.chain.from_iterable(encodings), dtype=np.uint32, count=int(lengths.sum())
     )
     return ids, lengths
 
@@ -66,7 +72,7 @@ def encode_batches(
     if workers == 1:
         tokenizer = _load(tokenizer_path)
         for payload, texts in batches:
-            yield payload, _split(*_encode(tokenizer, texts))
+            yield payload, _ids(tokenizer, texts)
         return
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path,)) as pool:
