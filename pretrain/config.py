@@ -86,6 +86,8 @@ class TrainSection:
     val_batches: int = 4
     val_depths: list[int] | None = None  # None: 1, 4, 8, r̄, 2r̄
     progress: bool = True
+    tensorboard: bool = True  # scalars also to OUT/tensorboard
+    wandb_project: str | None = None  # W&B when wandb is installed (or set WANDB_PROJECT)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Training telemetry: FLOPs and MFU, memory, recurrence health, and the metrics.jsonl writer."""
+"""Training telemetry: FLOPs and MFU, memory, recurrence health, and the metrics sinks (metrics.jsonl,
+TensorBoard, W&B)."""
 
 from __future__ import annotations
 
@@ -119,25 +120,129 @@ def recurrence_health(
     return out
 
 
-# metrics.jsonl ----------------------------------------------------------------------------------
-class MetricsWriter:
-    """Appends one JSON object per logged step to ``metrics.jsonl`` (rank 0 only)."""
+# Metrics sinks: metrics.jsonl, TensorBoard, W&B ----------------------------------------------------
+class JsonlSink:
+    """Appends one JSON object per logged step to ``metrics.jsonl``."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._file is None:
-            return
         clean = {k: _jsonable(v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._file.close()
+
+
+class TensorBoardSink:
+    """Scalars to a TensorBoard event file (torch.utils.tensorboard), one point per key and step.
+
+    ``purge_step``: on resume, TensorBoard hides the points a killed run wrote at or after it, as
+    the trainer rewinds metrics.jsonl.
+    """
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = log_dir
+        self._writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for key, value in scalars(record).items():
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    """Scalars to Weights & Biases. The run id follows the run directory, so every link of a SLURM
+    chain continues the same W&B run; WANDB_MODE / WANDB_API_KEY etc. work as usual."""
+
+    def __init__(self, project: str, run_dir: Path, config: dict[str, Any] | None) -> None:
+        import hashlib
+
+        import wandb
+
+        self._wandb = wandb
+        run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+        self._run = wandb.init(
+            project=project,
+            dir=str(run_dir),
+            name=run_dir.name,
+            id=run_id,
+            resume="allow",
+            config=config or {},
+        )
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._run.log(scalars(record), step=int(record["step"]))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of a record (numbers, booleans, one-element tensors), without ``step``."""
+    out = {}
+    for key, value in record.items():
+        if key == "step":
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (bool, int, float)):
+            out[key] = float(value)
+    return out
+
+
+def wandb_project(configured: str | None = None) -> str | None:
+    """The W&B project to log to: the config's, else WANDB_PROJECT; None (no W&B) when neither is
+    set or ``wandb`` is not installed."""
+    import importlib.util
+
+    project = configured or os.environ.get("WANDB_PROJECT")
+    if not project or importlib.util.find_spec("wandb") is None:
+        return None
+    return project
+
+
+class MetricsWriter:
+    """Fans each logged record out to metrics.jsonl, TensorBoard (``tensorboard/`` next to the jsonl
+    file; on by default) and W&B (when installed and a project is configured). Rank 0 passes the
+    jsonl path; the other ranks pass None and write nothing."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        start_step: int = 0,
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = path
+        self.sinks: list[Any] = []
+        if path is None:
+            return
+        self.sinks.append(JsonlSink(path))
+        if tensorboard:
+            purge = start_step + 1 if start_step > 0 else None
+            self.sinks.append(TensorBoardSink(path.parent / "tensorboard", purge_step=purge))
+        if wandb_project:
+            self.sinks.append(WandbSink(wandb_project, path.parent, run_config))
+
+    def write(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def _jsonable(value: Any) -> Any:

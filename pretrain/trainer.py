@@ -52,6 +52,7 @@ from .metrics import (
     memory_stats,
     peak_flops,
     recurrence_health,
+    wandb_project,
 )
 from .optimizer import ClippedAtanAdam, clip_grads_, global_grad_norm, parameter_groups
 from .schedule import Schedule
@@ -188,7 +189,13 @@ class Trainer:
         metrics_path = self.out / "metrics.jsonl"
         if self.ctx.is_main and latest is not None:
             rewind_metrics(metrics_path, self.step)
-        self.metrics = MetricsWriter(metrics_path if self.ctx.is_main else None)
+        self.metrics = MetricsWriter(
+            metrics_path if self.ctx.is_main else None,
+            tensorboard=t.tensorboard,
+            wandb_project=wandb_project(t.wandb_project),
+            start_step=self.step,
+            run_config=self.config.to_dict(),
+        )
         self.peak, self.peak_source = peak_flops(self.device, self.bf16)
 
     def _write_run_info(self, resumed_from: Path | None) -> None:
