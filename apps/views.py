@@ -262,6 +262,13 @@ def generation_view(ctx: Context) -> None:
         table_download(table, "generation_steps")
 
 
+def interventions_view(ctx: Context) -> None:
+    """Patching, steering and ablation over depth (apps/intervention_views.py)."""
+    from .intervention_views import interventions_view as view
+
+    view(ctx)
+
+
 def training_view(ctx: Context) -> None:
     """Dynamics across training (apps/training_view.py)."""
     from .training_view import training_view as view
@@ -277,5 +284,6 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Lenses": lenses_view,
     "Generation": generation_view,
     "Wavefront": wavefront_view,
+    "Interventions": interventions_view,
     "Training": training_view,
 }

@@ -1,0 +1,167 @@
+"""The Interventions tab: activation patching, steering and rotation-plane ablation over depth.
+
+Every computation waits for its button (a patching grid is T × (r + 1) forwards' worth of work) and
+is cached in ``apps.intervention_compute``; figures come from ``workbench.figures``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from workbench import figures, pca_direction, plane_vector
+from workbench.dynamics import MIN_TAIL
+
+from . import intervention_compute as compute
+from .views import Context, chart, default_tokens, table_download
+
+TOOLS = ("Patching", "Steering", "Ablation")
+
+
+def _init(ctx: Context) -> tuple[float, int]:
+    """The sidebar's init scale and first seed: every run of an experiment shares that s_0."""
+    return ctx.run.init_scale, ctx.run.seeds[0]
+
+
+def patching_panel(ctx: Context) -> None:
+    """Corrupt one token, then patch the clean activation back in at every (position, step)."""
+    tok = ctx.model.tokenizer
+    ids = ctx.run.token_ids
+    hooks = ["core.hook_state"] + [
+        n for n in ctx.model.hook_names() if n.startswith("core.") and n.endswith("hook_resid_post")
+    ]
+    with st.form("patching"):
+        position = ctx.token_picker(
+            "Token to corrupt", "patch_position", default_tokens(ctx.traj.tokens, 1)[0]
+        )
+        replacement = st.text_input("Replacement (one token)", "5", key="patch_replacement")
+        c1, c2, c3 = st.columns(3)
+        hook = c1.selectbox("Hook", hooks, key="patch_hook")
+        positions = c2.radio("Patch", ["each", "all"], horizontal=True, key="patch_positions")
+        direction = c3.radio("Direction", ["denoising", "noising"], key="patch_direction")
+        cells = (len(ids) if positions == "each" else 1) * (ctx.run.num_steps + 1)
+        st.caption(
+            f"{cells} patches × up to {ctx.run.num_steps} steps; the target is the clean run's top "
+            "next token at the last position; restored = 1 means the patch alone brings it back."
+        )
+        go = st.form_submit_button("Run patching")
+    if go:
+        st.session_state["patch_request"] = (position, replacement, hook, positions, direction)
+    request = st.session_state.get("patch_request")
+    if request is None:
+        st.info("Pick a token to corrupt and press Run patching.")
+        return
+    position, replacement, hook, positions, direction = request
+    corrupted = compute.corrupt(ids, position, compute.one_token(tok, replacement))
+    if corrupted == ids:
+        st.warning("The replacement is the token already there: pick another one.")
+        return
+    scale, seed = _init(ctx)
+    with st.spinner("Patching …", show_time=True):
+        frame = compute.patching(
+            ctx.model, ctx.model_key, ids, corrupted, ctx.run.num_steps, hook, positions,
+            direction, scale, seed,
+        )  # fmt: skip
+    chart(figures.patching_heatmap(frame), "patch_heatmap")
+    table_download(frame, "patching")
+
+
+def _direction(ctx: Context, source: str, steps: int) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """(vector, plane or None, a key naming them) for the chosen direction source."""
+    if source == "Difference of means":
+        a = st.text_area("Prompts A (one per line)", "I love this\nWhat a joy", key="steer_a")
+        b = st.text_area("Prompts B (one per line)", "I hate this\nWhat a pain", key="steer_b")
+        pa = tuple(line for line in a.splitlines() if line.strip())
+        pb = tuple(line for line in b.splitlines() if line.strip())
+        if not pa or not pb:
+            raise ValueError("enter at least one prompt in each set")
+        v = compute.mean_difference(ctx.model, ctx.model_key, pa, pb, steps)
+        return v, None, f"means|{pa}|{pb}"
+    if source == "PCA component":
+        k = st.number_input("Component (0 = PC1)", 0, 20, 0, key="steer_pc")
+        v = pca_direction(ctx.traj.raw_states[0], int(k))
+        return v, None, f"pca|{k}|{ctx.key}"
+    position = ctx.token_picker(
+        "Token whose rotation plane", "steer_plane_token", default_tokens(ctx.traj.tokens, 1)[0]
+    )
+    plane = compute.token_plane(ctx.model, ctx.model_key, ctx.run.token_ids, steps, position)
+    angle = st.slider("Vector angle in the plane (rad)", 0.0, 6.28, 0.0, key="steer_angle")
+    return plane_vector(plane, angle).numpy(), plane, f"plane|{position}|{angle}"
+
+
+def steering_panel(ctx: Context) -> None:
+    """Add α·v (or rotate a plane) at iterations i … j; the next-token effect and a continuation."""
+    steps = ctx.run.num_steps
+    source = st.radio(
+        "Direction", ["Difference of means", "PCA component", "Rotation plane"],
+        horizontal=True, key="steer_source",
+    )  # fmt: skip
+    if source == "Rotation plane" and steps < MIN_TAIL:
+        st.info(f"A rotation plane needs at least {MIN_TAIL} steps; raise the step count.")
+        return
+    vector, plane, key = _direction(ctx, source, steps)
+    mode = "add"
+    if plane is not None:
+        mode = st.radio("Mode", ["add", "rotate"], horizontal=True, key="steer_mode")
+    first, last = st.slider("Iterations", 1, max(steps, 1), (1, max(steps, 1)), key="steer_steps")
+    norm = float(np.linalg.norm(ctx.traj.raw_states[0][-1], axis=-1).mean())
+    if mode == "rotate":
+        amount = st.slider("Rotation angle (rad)", -3.14, 3.14, 1.57, key="steer_rotate")
+    else:
+        amount = st.number_input(
+            f"α (mean ‖s_r‖ here: {norm:.1f}; ‖v‖ = {np.linalg.norm(vector):.2f})",
+            value=float(np.round(0.1 * norm / max(np.linalg.norm(vector), 1e-12), 3)),
+            key="steer_alpha",
+        )
+    args = (
+        ctx.model, ctx.model_key, ctx.run.token_ids, steps, vector, plane, key, mode,
+        float(amount), (int(first), int(last)),
+    )  # fmt: skip
+    with st.spinner("Steering …"):
+        result = compute.steering(*args)
+    effect = result["effect"]
+    c1, c2 = st.columns(2)
+    c1.metric("KL(baseline ‖ steered)", f"{effect.kl:.4g}")
+    c2.metric("Δ log p(baseline top token)", f"{effect.logprob_change:+.4g}")
+    st.dataframe(effect.top_k, hide_index=True, key="steer_topk")
+    if result["sweep"] is not None:
+        chart(figures.steering_sweep_figure(result["sweep"]), "steer_sweep")
+    room = ctx.model.config.block_size - len(ctx.run.token_ids)
+    new = st.number_input("New tokens", 1, max(room, 1), min(16, max(room, 1)), key="steer_new")
+    if st.button("Generate with and without steering", key="steer_generate"):
+        with st.spinner("Generating …"):
+            base, steered = compute.steered_text(*args, int(new))
+        st.text_area("Without steering", base, disabled=True, key="steer_base_text")
+        st.text_area("With steering", steered, disabled=True, key="steer_text")
+
+
+def ablation_panel(ctx: Context) -> None:
+    """Project a token's rotation plane out at every iteration; compare with random planes."""
+    steps = ctx.run.num_steps
+    if steps < MIN_TAIL:
+        st.info(f"A rotation plane needs at least {MIN_TAIL} steps; raise the step count.")
+        return
+    with st.form("ablation"):
+        position = ctx.token_picker("Token", "ablate_token", default_tokens(ctx.traj.tokens, 1)[0])
+        n_random = st.number_input("Random planes (control)", 2, 256, 32, key="ablate_random")
+        go = st.form_submit_button("Run ablation")
+    if go:
+        st.session_state["ablate_request"] = (position, int(n_random))
+    request = st.session_state.get("ablate_request")
+    if request is None:
+        st.info("Pick a token and press Run ablation (its plane is fitted on raw states, s_0 = 0).")
+        return
+    with st.spinner("Ablating …", show_time=True):
+        res = compute.ablation(ctx.model, ctx.model_key, ctx.run.token_ids, steps, *request)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Effect of the token's plane", f"{res.effect:.4g}")
+    c2.metric("Random planes", f"{res.control_mean:.4g} ± {res.control_std:.2g}")
+    c3.metric("Percentile among random", f"{res.percentile:.0f} %")
+    chart(figures.ablation_control_figure(res.table), "ablate_hist")
+    table_download(res.table, "ablation")
+
+
+def interventions_view(ctx: Context) -> None:
+    """Patching, steering and ablation over the recurrence (one tool at a time)."""
+    tool = st.radio("Tool", TOOLS, horizontal=True, key="intervention_tool")
+    {"Patching": patching_panel, "Steering": steering_panel, "Ablation": ablation_panel}[tool](ctx)
