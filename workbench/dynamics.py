@@ -200,7 +200,7 @@ def _features(
 
 def transient_windows(states: np.ndarray, tail: int, chunk_bytes: int = 64 << 20) -> np.ndarray:
     """Per token (T,), the steps after the end of its transient (`dynamics_features.transient_end`),
-    at least `tail`."""
+    at least `tail`, rounded down to tail + a multiple of steps // 16 (a slightly later start)."""
     steps, T, h = states.shape[0] - 1, states.shape[1], states.shape[2]
     out = np.full(T, tail, dtype=int)
     if tail >= steps:
@@ -210,7 +210,8 @@ def transient_windows(states: np.ndarray, tail: int, chunk_bytes: int = 64 << 20
         for start in range(0, T, chunk):
             runs = np.swapaxes(states[:, start : start + chunk], 0, 1).astype(np.float64)
             out[start : start + chunk] = steps - transient_end(runs, tail)
-    return out
+    quantum = max(2, steps // 16)  # a few window lengths, so tokens stay batched
+    return tail + (out - tail) // quantum * quantum
 
 
 def _analyse(
@@ -228,12 +229,13 @@ def _analyse(
     kinds = _decide(feats, th)
     if not adaptive or T == 0:
         return feats, kinds, bases
-    windows = transient_windows(states, tail)
-    candidates = np.flatnonzero((windows > tail) & (kinds != "orbit"))
-    candidates = candidates[feats.tail_relative_step.to_numpy()[candidates] >= th.fixed_tol]
+    moving = (kinds != "orbit") & (feats.tail_relative_step.to_numpy() >= th.fixed_tol)
+    candidates = np.flatnonzero(moving)
+    windows = transient_windows(states[:, candidates], tail)
+    candidates, windows = candidates[windows > tail], windows[windows > tail]
     if len(candidates):
         sub = states[:, candidates]
-        long_feats, long_bases = _features(sub, windows[candidates], th, planes)
+        long_feats, long_bases = _features(sub, windows, th, planes)
         found = _is_orbit(long_feats, th)
         chosen = candidates[found]
         if len(chosen):
