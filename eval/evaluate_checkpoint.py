@@ -6,7 +6,11 @@ Prints a table and writes results.json, results.md and a plot (HTML) to --out:
 3. path independence: final-state spread across 5 random s_0 at 4r̄ (and the phase-blind attractor
    distance), on a few prompts;
 4. the share of tokens classified fixed point / orbit / slider / other on those prompts at 4r̄;
-5. held-out accuracy of the linear probes (iteration counter; correct vs incorrect arithmetic).
+5. held-out accuracy of the linear probes (iteration counter; correct vs incorrect arithmetic);
+6. loss vs r on held-out source code (numpy's modules, ``heldout_code.py``): the gain from r = 1 to r̄
+   and the drift from r̄ to 4r̄;
+7. accuracy on held-out depth tasks vs r per kind and level (``depth_tasks.py``), including levels
+   harder than any trained one.
 
 Usage: python eval/evaluate_checkpoint.py --checkpoint checkpoints/default --out eval/results
 The validation rows are rebuilt deterministically from the data config in the checkpoint's
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +38,10 @@ from pretrain.config import DataSection
 from pretrain.data import PackedLoader, prepare_data
 from tasks.arithmetic import Problem, make_problems, parse_answer, render
 from workbench.arithmetic import arithmetic_dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from depth_tasks import DEFAULT_LEVELS, depth_task_accuracy  # noqa: E402
+from heldout_code import heldout_code_losses  # noqa: E402
 
 PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -176,15 +185,43 @@ def probe_accuracies(
     return pd.DataFrame(rows)
 
 
-def plot(losses: pd.DataFrame, accuracy: pd.DataFrame, mean_recurrence: int) -> go.Figure:
+def plot(
+    losses: pd.DataFrame,
+    accuracy: pd.DataFrame,
+    mean_recurrence: int,
+    code: pd.DataFrame | None = None,
+    tasks: pd.DataFrame | None = None,
+) -> go.Figure:
     fig = make_subplots(
-        rows=1, cols=2, subplot_titles=("validation loss vs r", "held-out arithmetic accuracy vs r")
+        rows=1,
+        cols=3,
+        subplot_titles=(
+            "loss vs r (validation, held-out code)",
+            "held-out arithmetic accuracy vs r",
+            "held-out depth tasks: accuracy vs r",
+        ),
     )
     fig.add_trace(
         go.Scatter(x=losses["steps"], y=losses["val_loss"], mode="lines+markers", name="val loss"),
         1,
         1,
     )
+    if code is not None:
+        fig.add_trace(
+            go.Scatter(x=code["steps"], y=code["loss"], mode="lines+markers", name="numpy code"),
+            1,
+            1,
+        )
+    if tasks is not None:
+        for (kind, level), part in tasks.groupby(["kind", "level"]):
+            fig.add_trace(
+                go.Scatter(
+                    x=part["steps"], y=part["accuracy"], mode="lines+markers",
+                    name=f"{kind} {level}", line=dict(dash="solid" if part["trained_level"].iloc[0] else "dot"),
+                ),
+                1,
+                3,
+            )  # fmt: skip
     for difficulty, part in accuracy.groupby("difficulty"):
         fig.add_trace(
             go.Scatter(
@@ -196,23 +233,60 @@ def plot(losses: pd.DataFrame, accuracy: pd.DataFrame, mean_recurrence: int) -> 
             1,
             2,
         )
-    for col in (1, 2):
+    for col in (1, 2, 3):
         fig.update_xaxes(type="log", title_text="recurrence steps r", row=1, col=col)
         fig.add_vline(x=mean_recurrence, line_dash="dot", row=1, col=col)
     fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
     fig.update_yaxes(title_text="exact-match accuracy", range=[0, 1], row=1, col=2)
-    fig.update_layout(height=420, width=1000, title="checkpoint evaluation")
+    fig.update_yaxes(title_text="exact-match accuracy", range=[0, 1], row=1, col=3)
+    fig.update_layout(height=440, width=1400, title="checkpoint evaluation")
     return fig
 
 
-def markdown(losses, accuracy, spread, shares, probes) -> str:
+def code_summary(code: pd.DataFrame, mean_recurrence: int) -> dict:
+    """Gain from r = 1 to r̄ and the relative change from r̄ to the deepest depth on held-out code."""
+    by = code.set_index("steps")["loss"]
+    deepest = int(by.index.max())
+    return {
+        "loss_r1": float(by[1]),
+        "loss_rbar": float(by[mean_recurrence]),
+        "deepest": deepest,
+        "loss_deepest": float(by[deepest]),
+        "gain_r1_to_rbar": float(1 - by[mean_recurrence] / by[1]),
+        "change_rbar_to_deepest": float(by[deepest] / by[mean_recurrence] - 1),
+    }
+
+
+def markdown(losses, accuracy, spread, shares, probes, code=None, tasks=None, summary=None) -> str:
     acc = accuracy.pivot(index="difficulty", columns="steps", values="accuracy")
     acc.columns = [f"r={c}" for c in acc.columns]
     loss = losses.set_index("steps").T
     loss.columns = [f"r={c}" for c in loss.columns]
+    extra = []
+    if code is not None:
+        table = code.set_index("steps")[["loss"]].T
+        table.columns = [f"r={c}" for c in table.columns]
+        extra.append(
+            "Loss on held-out source code (numpy modules) by recurrence depth:\n\n"
+            + table.to_markdown(floatfmt=".3f")
+            + (
+                f"\n\nGain from r = 1 to r̄: {summary['gain_r1_to_rbar']:.1%}; change from r̄ to "
+                f"r = {summary['deepest']}: {summary['change_rbar_to_deepest']:+.1%}."
+                if summary
+                else ""
+            )
+        )
+    if tasks is not None:
+        table = tasks.pivot_table(index=["kind", "level"], columns="steps", values="accuracy")
+        table.columns = [f"r={c}" for c in table.columns]
+        extra.append(
+            "Held-out depth tasks, exact-match accuracy (levels above the trained ones are held "
+            "out whole):\n\n" + table.to_markdown(floatfmt=".2f")
+        )
     return "\n\n".join(
         [
             "Validation loss by recurrence depth:\n\n" + loss.to_markdown(floatfmt=".3f"),
+            *extra,
             "Held-out arithmetic accuracy (rows: digits per operand):\n\n"
             + acc.to_markdown(floatfmt=".2f"),
             "Path independence at 4r̄ (5 seeds):\n\n"
@@ -235,6 +309,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--difficulties", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--code-rows", type=int, default=48, help="rows of numpy source (0: skip)")
+    parser.add_argument("--task-problems", type=int, default=30, help="per kind/level (0: skip)")
+    parser.add_argument("--task-kinds", nargs="+", default=list(DEFAULT_LEVELS))
+    parser.add_argument("--task-max-level", type=int, default=16)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -258,6 +336,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     accuracy = arithmetic_accuracy(model, depths, args.difficulties, args.problems)
     spread, shares = trajectory_statistics(model, PROMPTS, 4 * r_mean, range(args.seeds))
     probes = probe_accuracies(model, r_mean, args.problems)
+    code = heldout_code_losses(model, depths, max_rows=args.code_rows) if args.code_rows else None
+    summary = code_summary(code, r_mean) if code is not None else None
+    levels = {
+        kind: [lv for lv in DEFAULT_LEVELS[kind] if lv <= args.task_max_level]
+        for kind in args.task_kinds
+    }
+    tasks = (
+        depth_task_accuracy(model, depths, levels, n=args.task_problems)
+        if args.task_problems
+        else None
+    )
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,12 +358,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "path_independence": spread.to_dict("records"),
         "dynamics_share": shares.to_dict("records"),
         "probes": probes.to_dict("records"),
+        "heldout_code": None if code is None else code.to_dict("records"),
+        "heldout_code_summary": summary,
+        "depth_tasks": None if tasks is None else tasks.to_dict("records"),
         "wall_s": time.perf_counter() - started,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = markdown(losses, accuracy, spread, shares, probes)
+    table = markdown(losses, accuracy, spread, shares, probes, code, tasks, summary)
     (out / "results.md").write_text(table + "\n")
-    plot(losses, accuracy, r_mean).write_html(out / "results.html", include_plotlyjs="cdn")
+    plot(losses, accuracy, r_mean, code, tasks).write_html(
+        out / "results.html", include_plotlyjs="cdn"
+    )
     print(table)
     print(
         f"\nwrote {out / 'results.json'}, results.md and results.html in {results['wall_s']:.0f} s"

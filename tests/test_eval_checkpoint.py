@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ spec = importlib.util.spec_from_file_location(
 )
 evaluate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(evaluate)
+depth_tasks = sys.modules["depth_tasks"]  # imported by evaluate_checkpoint from eval/
 
 DATA = {
     "sources": ["starter"],
@@ -70,6 +72,24 @@ def test_arithmetic_scoring_reads_answers_after_left_padded_prompts(checkpoint, 
     assert wrong["accuracy"].tolist() == [0.0]
 
 
+def test_depth_task_scoring_compares_the_first_line(checkpoint, monkeypatch):
+    model = rm.load_model(checkpoint)
+    tok = model.tokenizer
+    tasks = depth_tasks.depth.make_tasks("variables", 3, 2, 2024, split="heldout")
+
+    def fake_generate(ids, new_tokens, num_steps, attention_mask, **kwargs):
+        rows = []
+        for i, (row, task) in enumerate(zip(ids, tasks, strict=True)):
+            answer = task.answer if (i < 2 or num_steps > 1) else task.answer + "0"
+            rows.append(torch.cat([row, torch.tensor(tok.encode(f" {answer}\nx", add_bos=False))]))
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=tok.pad_id)
+
+    monkeypatch.setattr(model, "generate", fake_generate)
+    frame = depth_tasks.depth_task_accuracy(model, [1, 4], {"variables": [2]}, n=3)
+    assert frame["accuracy"].tolist() == pytest.approx([2 / 3, 1.0])
+    assert frame["trained_level"].all()
+
+
 def test_few_shot_prompt_uses_training_problems_then_the_question():
     text = evaluate.few_shot_prompt(1, "3 + 4 =", shots=3, seed=0)
     lines = text.split("\n")
@@ -82,7 +102,8 @@ def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
         [
             "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"),
             "--data-cache", str(tmp_path / "cache"), "--val-batches", "1", "--problems", "2",
-            "--difficulties", "1", "--seeds", "2", "--threads", "1",
+            "--difficulties", "1", "--seeds", "2", "--threads", "1", "--code-rows", "2",
+            "--task-problems", "2", "--task-kinds", "carries", "--task-max-level", "2",
         ]
     )  # fmt: skip
     assert [row["steps"] for row in results["val_loss"]] == [1, 2, 4, 8]
@@ -92,6 +113,11 @@ def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
     assert len(results["path_independence"]) == len(evaluate.PROMPTS)
     assert results["probes"][0]["probe"] == "iteration counter"
     assert 0 <= results["probes"][0]["test_accuracy"] <= 1
+    assert [row["steps"] for row in results["heldout_code"]] == [1, 2, 4, 8]
+    assert results["heldout_code_summary"]["deepest"] == 8
+    assert {(r["level"], r["steps"]) for r in results["depth_tasks"]} == {
+        (lv, d) for lv in (1, 2) for d in (1, 2, 4, 8)
+    }
     for name in ("results.json", "results.md", "results.html"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     table = (tmp_path / "out" / "results.md").read_text()
