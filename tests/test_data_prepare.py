@@ -296,3 +296,23 @@ def test_hf_dataset_sources(corpus, tmp_path, monkeypatch):
     from_jsonl = prepare_data(_config([corpus / "b.jsonl"]), tmp_path / "p-j", progress=False)
     assert from_hf.train_rows == from_jsonl.train_rows > 0
     assert _hashes(from_hf.directory)["shards"] == _hashes(from_jsonl.directory)["shards"]
+
+
+def test_open_file_limit_is_raised_for_many_shards(monkeypatch):
+    import resource
+
+    from pretrain.data.loader import FD_MARGIN, raise_open_file_limit
+
+    limits = {"soft": 1024, "hard": 4096}
+    calls = []
+
+    def setrlimit(which, values):
+        calls.append(values)
+        limits["soft"] = values[0]
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert raise_open_file_limit(100) == 1024 and calls == []  # enough already
+    assert raise_open_file_limit(2000) == 2000 + FD_MARGIN
+    assert raise_open_file_limit(10_000) == 4096  # capped by the hard limit
+    assert calls == [(2000 + FD_MARGIN, 4096), (4096, 4096)]

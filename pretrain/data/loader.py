@@ -20,10 +20,32 @@ from .config import DataError, PreparedData
 STATE_VERSION = 1
 
 
+FD_MARGIN = 256  # descriptors left for everything else (sockets, logs, checkpoints)
+
+
+def raise_open_file_limit(needed: int) -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` towards the hard limit when ``needed`` more descriptors would
+    not fit (every memory-mapped shard keeps one open); returns the soft limit now in force."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed + FD_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
+
+
 class RowStore:
     """The rows of one split, memory-mapped from its ``.npy`` shards."""
 
     def __init__(self, prepared: PreparedData, split: str) -> None:
+        # both splits are open at once in a training process
+        raise_open_file_limit(sum(len(v) for v in prepared.shards.values()))
         self.arrays = []
         for path, rows in prepared.shard_paths(split):
             try:
