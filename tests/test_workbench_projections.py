@@ -1,5 +1,6 @@
 """Projections: PCA equals sklearn's on the same matrix; UMAP stays lazy."""
 
+import os
 import subprocess
 import sys
 
@@ -87,3 +88,60 @@ def test_umap_runs_on_pca_inputs_and_is_cached(monkeypatch):
     wb.project(states, method="umap", n_components=2, pca_dims=10, n_neighbors=5)
     assert len(_FakeUMAP.fits) == 2  # other parameters: a new fit
     projections.umap_cache_clear()
+
+
+class _FakeAlignedUMAP:
+    """Stands in for umap.AlignedUMAP: records its inputs; embeddings = 2 × the first columns."""
+
+    fits: list = []
+
+    def __init__(self, n_components=2, **kwargs):
+        self.n_components, self.kwargs = n_components, kwargs
+
+    def fit(self, slices, relations):
+        _FakeAlignedUMAP.fits.append(([s.shape for s in slices], relations, self.kwargs))
+        self.embeddings_ = [s[:, : self.n_components] * 2 for s in slices]
+        return self
+
+
+def test_aligned_umap_ties_steps_across_trajectories(monkeypatch):
+    import types
+
+    from workbench import projections
+
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(AlignedUMAP=_FakeAlignedUMAP))
+    projections.umap_cache_clear()
+    _FakeAlignedUMAP.fits.clear()
+    states = _low_rank((3, 12, 80))  # e.g. one token under 3 seeds, 12 states each
+    trajs = [states[0], states[1], states[2, :9]]  # the last one shorter (another checkpoint)
+    coords, reducer = wb.aligned_umap(trajs, pca_dims=10, n_neighbors=15)
+    assert [c.shape for c in coords] == [(12, 2), (12, 2), (9, 2)]
+    shapes, relations, kwargs = _FakeAlignedUMAP.fits[0]
+    assert shapes == [(12, 10), (12, 10), (9, 10)]  # one PCA over all trajectories
+    assert relations == [{i: i for i in range(12)}, {i: i for i in range(9)}]
+    assert kwargs["n_neighbors"] == 8  # capped at the shortest trajectory - 1
+    joint = wb.project(np.concatenate(trajs), n_components=10)[0]
+    np.testing.assert_allclose(coords[2], 2 * joint[24:, :2], rtol=1e-4, atol=1e-4)
+    again, same = wb.aligned_umap(trajs, pca_dims=10, n_neighbors=15)
+    assert same is reducer and len(_FakeAlignedUMAP.fits) == 1  # cached
+    with pytest.raises(ValueError, match="at least 2"):
+        wb.aligned_umap(trajs[:1])
+    with pytest.raises(ValueError, match="h="):
+        wb.aligned_umap([states[0], states[1, :, :40]])
+    projections.umap_cache_clear()
+
+
+@pytest.mark.skipif(
+    os.environ.get("WORKBENCH_REAL_UMAP") != "1",
+    reason="real AlignedUMAP fit takes ~2 min on 2 shared cores (numba); WORKBENCH_REAL_UMAP=1",
+)
+def test_aligned_umap_real_embeddings_are_aligned():
+    """Two noisy copies of one circle: aligned embeddings of matching steps lie close together."""
+    rng = np.random.default_rng(0)
+    angle = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+    base = np.stack([np.cos(angle), np.sin(angle)], 1) @ rng.standard_normal((2, 16))
+    trajs = [base + 0.01 * rng.standard_normal(base.shape) for _ in range(2)]
+    coords, _ = wb.aligned_umap(trajs, n_neighbors=8, n_epochs=100)
+    gap = np.linalg.norm(coords[0] - coords[1], axis=1).mean()
+    spread = np.linalg.norm(coords[0] - coords[0].mean(0), axis=1).mean()
+    assert gap < 0.5 * spread

@@ -13,7 +13,7 @@ from .lenses import lens, sublayer_lens
 from .patching import patch_states
 from .path_independence import attractor_distance, path_independence
 from .probes import ProbeResult, correctness_probe, iteration_probe, trajectory_features
-from .projections import project
+from .projections import aligned_umap, project
 from .steering import (
     SteeringEffect,
     add_vector_hook,
@@ -55,6 +55,7 @@ __all__ = [
     "plane_vector",
     "position_labels",
     "project",
+    "aligned_umap",
     "project_out_hook",
     "rotate_plane_hook",
     "steered_generation",

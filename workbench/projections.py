@@ -80,3 +80,82 @@ def project(
     else:
         raise ValueError(f"method must be 'pca' or 'umap', got {method!r}")
     return coords.reshape(*lead, coords.shape[-1]), model
+
+
+def _slices(trajectories: Any) -> list[np.ndarray]:
+    """Each trajectory as a float (n_i, h) array; they must share h."""
+    slices = [np.asarray(t) for t in trajectories]
+    if len(slices) < 2:
+        raise ValueError(f"aligned UMAP needs at least 2 trajectories, got {len(slices)}")
+    for i, s in enumerate(slices):
+        if s.ndim != 2 or s.shape[0] < 3:
+            raise ValueError(
+                f"trajectory {i} must be (steps + 1, h) with >= 3 states, got {s.shape}"
+            )
+        if s.shape[1] != slices[0].shape[1]:
+            raise ValueError(
+                f"trajectory {i} has h={s.shape[1]}, trajectory 0 has h={slices[0].shape[1]}"
+            )
+    return [s.astype(np.float32) if s.dtype not in (np.float32, np.float64) else s for s in slices]
+
+
+def aligned_umap(
+    trajectories: Any,
+    n_components: int = 2,
+    *,
+    pca_dims: int = 50,
+    n_neighbors: int = 15,
+    alignment_regularisation: float = 0.01,
+    random_state: int = 0,
+    **umap_kwargs: Any,
+) -> tuple[list[np.ndarray], Any]:
+    """One token's trajectories across seeds or checkpoints as aligned UMAP embeddings.
+
+    trajectories: a sequence of (steps_k + 1, h) arrays (or one (n, steps + 1, h) array), e.g. one
+    token's states under each seed, or under each checkpoint of a training run. All states are
+    reduced by one PCA fitted over every trajectory (to `pca_dims`), then ``umap.AlignedUMAP``
+    embeds each trajectory, tying step i of one to step i of the next (for the steps both have),
+    so the embeddings share their layout and can be compared side by side. `n_neighbors` is capped
+    at the shortest trajectory's length − 1. Returns (the embeddings, one (steps_k + 1,
+    n_components) array per trajectory, and the fitted ``AlignedUMAP``); imported lazily and cached
+    like `project(..., method="umap")`.
+    """
+    slices = _slices(trajectories)
+    lengths = [len(s) for s in slices]
+    n_neighbors = max(2, min(int(n_neighbors), min(lengths) - 1))
+    params = dict(
+        kind="aligned",
+        n_components=n_components,
+        pca_dims=pca_dims,
+        n_neighbors=n_neighbors,
+        alignment_regularisation=alignment_regularisation,
+        random_state=random_state,
+        lengths=tuple(lengths),
+        **umap_kwargs,
+    )
+    stacked = np.concatenate(slices)
+    key = _umap_key(stacked, params)
+    if key in _UMAP_CACHE:
+        _UMAP_CACHE.move_to_end(key)
+        coords, reducer = _UMAP_CACHE[key]
+        return list(coords), reducer
+    import umap  # lazy: ~20 s import
+
+    if stacked.shape[1] > pca_dims:
+        stacked = fit_pca(stacked, pca_dims).transform(stacked)
+    reduced = np.split(stacked, np.cumsum(lengths)[:-1])
+    relations = [
+        {i: i for i in range(min(a, b))} for a, b in zip(lengths[:-1], lengths[1:], strict=True)
+    ]
+    reducer = umap.AlignedUMAP(
+        n_components=n_components,
+        n_neighbors=n_neighbors,
+        alignment_regularisation=alignment_regularisation,
+        random_state=random_state,
+        **umap_kwargs,
+    ).fit(reduced, relations=relations)
+    coords = tuple(np.asarray(e, dtype=np.float32) for e in reducer.embeddings_)
+    _UMAP_CACHE[key] = (coords, reducer)
+    while len(_UMAP_CACHE) > UMAP_CACHE_SIZE:
+        _UMAP_CACHE.popitem(last=False)
+    return list(coords), reducer
