@@ -192,6 +192,8 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         "# Save this node's compile and MIOpen caches for the next link (all nodes compile the same).",
         'cp -a -u "$TORCHINDUCTOR_CACHE_DIR/." "$RUN_CACHE/inductor/" 2>/dev/null || true',
         'cp -a -u "$MIOPEN_USER_DB_PATH/." "$RUN_CACHE/miopen/" 2>/dev/null || true',
+        "# Free the node-local copies (the venv is gigabytes; /tmp may be memory).",
+        f'srun -N {c.nodes} --ntasks-per-node=1 rm -rf "$NODE_TMP" || true',
         'exit "$status"',
         "",
     ]

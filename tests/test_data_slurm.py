@@ -42,6 +42,7 @@ def test_script_has_the_cluster_pieces_in_order():
         "python pretrain/launch.py --config cfg.yaml --out runs/huginn-3.5b --set train.lr=1e-4 "
         "--resume",
         'cp -a -u "$TORCHINDUCTOR_CACHE_DIR/." "$RUN_CACHE/inductor/"',
+        'srun -N 512 --ntasks-per-node=1 rm -rf "$NODE_TMP"',
     ]
     positions = [script.index(p) for p in pieces]
     assert positions == sorted(positions)
@@ -131,6 +132,7 @@ def test_script_runs_against_stand_in_slurm_commands(tmp_path):
         assert (out / "cache" / "venv.tar").is_file()
         assert (out / "cache" / "inductor" / "compiled-kernel").read_text() == "kernel\n"
         assert not Path(f"{node_tmp}.venv.tar").exists()  # unpacked on the node, then removed
+        assert not node_tmp.exists()  # node-local copies freed at the end
     finally:
         shutil.rmtree(node_tmp, ignore_errors=True)
 
