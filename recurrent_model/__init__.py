@@ -3,9 +3,9 @@
 from .checkpoint import CheckpointError, atomic_directory, load_model, save_pretrained
 from .config import PRESETS, ConfigError, RecurrentConfig, preset
 from .depth import Depth, sample_depth, split_depth
-from .generation import GenerationOutput
+from .generation import GenerationConfig, GenerationOutput
 from .hooks import ActivationCache, Hook, HookError, HookPoint
-from .kv_cache import KVCache
+from .kv_cache import KVCache, KVCacheTooLarge
 from .model import ContextLengthError, ModelOutput, RecurrentLM
 from .tokenizer import HuginnTokenizer, TokenizerError
 
@@ -16,12 +16,14 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "Depth",
+    "GenerationConfig",
     "GenerationOutput",
     "Hook",
     "HookError",
     "HookPoint",
     "HuginnTokenizer",
     "KVCache",
+    "KVCacheTooLarge",
     "ModelOutput",
     "RecurrentConfig",
     "RecurrentLM",

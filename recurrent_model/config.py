@@ -18,6 +18,10 @@ class ConfigError(ValueError):
     """A config.json that this project cannot turn into a model."""
 
 
+class ContextLengthError(ValueError):
+    """An input longer than the model's context (block_size)."""
+
+
 # Fields a config.json must carry: everything that changes the computed function or the tensor shapes.
 REQUIRED_FIELDS = (
     "n_embd",

@@ -1,23 +1,82 @@
 """Autoregressive generation with the KV cache and the paper's inference features.
 
-``generate(model, input_ids, max_new_tokens, num_steps=None, **kw)``: greedy or sampled decoding of
+``generate(model, input_ids, max_new_tokens, num_steps=None, **options)``: greedy or sampled decoding of
 (left-padded) batches with stop tokens and streaming, per-token adaptive exit, KV-cache sharing,
-continuous-compute warm starts and self-speculative decoding. See :func:`generate` for the keywords.
+continuous-compute warm starts, self-speculative decoding and a compiled fixed-depth decode. The
+options are the fields of :class:`GenerationConfig`; see :func:`generate`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
 from .cached_forward import CachedForward
+from .compiled import CompiledDecode, compile_mode, static_storage
+from .config import ContextLengthError
 from .kv_cache import KVCache
-from .model import ContextLengthError, RecurrentLM
 from .sampling import ExitCriterion, Sampler
 
+if TYPE_CHECKING:
+    from .model import RecurrentLM
+
 Streamer = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Every option of :func:`generate` except the per-call objects (generator, streamer, mask).
+
+    num_steps: core iterations per token (None = the config's mean recurrence). With an
+    ``exit_criterion`` ("kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability", "minp-kl")
+    each token stops iterating between ``min_steps`` (default 1) and ``max_steps`` (default
+    num_steps) once the criterion falls under ``exit_threshold`` (defaults in
+    ``sampling.DEFAULT_THRESHOLDS``). Greedy unless ``do_sample`` (temperature, top_k, top_p, min_p).
+    ``stop_tokens`` default to the tokenizer's stop ids; stopped rows continue with ``pad_token_id``.
+    ``cache_budget`` = core-layer KV slots per token (None = full). ``continuous_compute`` starts
+    each token from the previous token's ln_f(s_r). ``draft_steps`` + ``lookahead`` enable
+    self-speculative decoding. ``output_scores`` keeps every token's logits. ``compile`` runs
+    fixed-depth decoding (no exit criterion, no drafts, no hooks) through torch.compile'd
+    static-shape prefill and decode steps; other modes run eagerly.
+    """
+
+    num_steps: int | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    stop_tokens: tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    exit_criterion: str | None = None
+    exit_threshold: float | None = None
+    min_steps: int | None = None
+    max_steps: int | None = None
+    continuous_compute: bool = False
+    cache_budget: int | None = None
+    draft_steps: int | None = None
+    lookahead: int | None = None
+    init_scale: float = 1.0
+    output_scores: bool = False
+    compile: bool = False
+
+    def replace(self, **changes: Any) -> GenerationConfig:
+        """A copy with ``changes``; an unknown option name raises TypeError naming the known ones."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(
+                f"generate() got unknown option(s) {', '.join(unknown)}; the options are "
+                f"{', '.join(sorted(known))} plus attention_mask, generator, streamer, "
+                "return_details"
+            )
+        if changes.get("stop_tokens") is not None:
+            changes["stop_tokens"] = tuple(int(t) for t in changes["stop_tokens"])
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass
@@ -28,6 +87,8 @@ class GenerationOutput:
     steps: (B, new) core iterations spent on each generated token (0 after the row stopped).
     acceptance_rate: accepted / drafted tokens of self-speculative decoding (None if none drafted).
     cache_bytes: memory held by the KV cache. scores: (B, new, V) logits when output_scores=True.
+    compiled: whether the compiled decode ran; compile_seconds: its one-time compile cost in this
+    call (0 when the compiled functions were already built for these shapes).
     """
 
     sequences: torch.Tensor
@@ -37,6 +98,8 @@ class GenerationOutput:
     accepted: int
     cache_bytes: int
     scores: torch.Tensor | None = None
+    compiled: bool = False
+    compile_seconds: float = 0.0
 
     @property
     def mean_steps(self) -> float:
@@ -74,11 +137,15 @@ class _Run:
         cache_budget: int | None,
         streamer: Streamer | None,
         output_scores: bool,
+        compile: bool = False,
     ) -> None:
         self.model, self.cfg, self.sampler = model, settings, sampler
         B, T = input_ids.shape
         self.prompt_len, self.max_new = T, max_new_tokens
         cache_steps = max(settings.max_steps, settings.draft_steps or 1)
+        fixed_depth = settings.criterion is None and settings.draft_steps is None
+        compile = compile and fixed_depth and not model.has_hooks()
+        shape = KVCache.shape_for(model.config, B, T + max_new_tokens, cache_steps, cache_budget)
         self.cache = KVCache(
             model.config,
             B,
@@ -87,10 +154,16 @@ class _Run:
             cache_budget,
             model.device,
             model.dtype,
+            storage=static_storage(model, shape, model.dtype) if compile else None,
         )
         if attention_mask is not None:
             self.cache.set_padding(attention_mask)
         self.runner = CachedForward(model, self.cache)
+        self.compiled = (
+            CompiledDecode(model, self.cache, settings.num_steps, compile_mode(model.device))
+            if compile
+            else None
+        )
         self.criterion = (
             ExitCriterion(settings.criterion, settings.threshold) if settings.criterion else None
         )
@@ -121,6 +194,13 @@ class _Run:
         all_logits: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``ids`` (B, T) at positions start… through ``steps`` iterations: (logits, latents)."""
+        compiled = self.compiled
+        if compiled is not None and steps == compiled.num_steps and not all_logits:
+            if warm is None:
+                shape = (*ids.shape, self.model.config.n_embd)
+                like = torch.empty(shape, device=ids.device, dtype=self.model.dtype)
+                warm = self.model.initial_state(like, self.cfg.init_scale, self.sampler.generator)
+            return compiled(ids, start, warm)
         r = self.runner
         r.begin(start, ids.shape[1])
         e = r.prelude(ids)
@@ -196,6 +276,8 @@ class _Run:
             self.accepted,
             self.cache.memory_bytes,
             scores,
+            compiled=self.compiled is not None,
+            compile_seconds=self.compiled.compile_seconds if self.compiled is not None else 0.0,
         )
 
     # Decoding loops ------------------------------------------------------------------------------
@@ -366,66 +448,85 @@ def _check_inputs(
     return input_ids, mask
 
 
+@overload
 def generate(
     model: RecurrentLM,
     input_ids: torch.Tensor,
     max_new_tokens: int,
     num_steps: int | None = None,
     *,
+    config: GenerationConfig | None = None,
     attention_mask: torch.Tensor | None = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
     generator: torch.Generator | None = None,
-    stop_tokens: Iterable[int] | None = None,
-    pad_token_id: int | None = None,
     streamer: Streamer | None = None,
-    exit_criterion: str | None = None,
-    exit_threshold: float | None = None,
-    min_steps: int | None = None,
-    max_steps: int | None = None,
-    continuous_compute: bool = False,
-    cache_budget: int | None = None,
-    draft_steps: int | None = None,
-    lookahead: int | None = None,
-    init_scale: float = 1.0,
-    return_details: bool = False,
-    output_scores: bool = False,
-) -> torch.Tensor | GenerationOutput:
-    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (B, T); returns (B, T + new).
+    return_details: Literal[False] = False,
+    **options: Any,
+) -> torch.Tensor: ...
 
-    num_steps: core iterations per token (None = the config's mean recurrence); with an
-    ``exit_criterion`` ("kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability") each token
-    stops iterating between ``min_steps`` (default 1) and ``max_steps`` (default num_steps) once the
-    criterion falls under ``exit_threshold`` (defaults: kl 5e-4, latent-diff 0.03, entropy-diff 1e-3,
-    cosine 1e-3, argmax-stability 5 steps). Greedy unless ``do_sample`` (temperature, top_k, top_p,
-    min_p, generator). ``stop_tokens`` default to the tokenizer's stop ids; stopped rows continue with
-    ``pad_token_id``. ``attention_mask`` (B, T; 0 = pad) for left-padded batches. ``streamer(tokens,
-    steps)`` is called with each new token of every row. ``cache_budget`` = core-layer KV slots per
-    token (None = full). ``continuous_compute`` starts each token from the previous token's
-    ln_f(s_r). ``draft_steps`` + ``lookahead`` enable self-speculative decoding. ``return_details``
-    returns a :class:`GenerationOutput` (iterations per token, acceptance rate, cache memory).
+
+@overload
+def generate(
+    model: RecurrentLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    num_steps: int | None = None,
+    *,
+    config: GenerationConfig | None = None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    streamer: Streamer | None = None,
+    return_details: Literal[True],
+    **options: Any,
+) -> GenerationOutput: ...
+
+
+def generate(
+    model: RecurrentLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    num_steps: int | None = None,
+    *,
+    config: GenerationConfig | None = None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    streamer: Streamer | None = None,
+    return_details: bool = False,
+    **options: Any,
+) -> torch.Tensor | GenerationOutput:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (B, T).
+
+    Returns the sequences (B, T + new), or with ``return_details`` a :class:`GenerationOutput`
+    (iterations per token, acceptance rate, cache memory, compile cost). The options are a
+    :class:`GenerationConfig` (``config``) and/or its fields as keywords, which override it;
+    ``num_steps`` may also be given positionally. Per call: ``attention_mask`` (B, T; 0 = pad) for
+    left-padded batches, ``generator`` for s_0 and sampling, ``streamer(tokens, steps)`` called with
+    each new token of every row.
     """
+    if num_steps is not None:
+        options["num_steps"] = num_steps
+    opts = (config or GenerationConfig()).replace(**options)
     input_ids, mask = _check_inputs(model, input_ids, max_new_tokens, attention_mask)
     settings = _settings(
-        model, num_steps, exit_criterion, exit_threshold, min_steps, max_steps,
-        continuous_compute, draft_steps, lookahead, init_scale,
+        model, opts.num_steps, opts.exit_criterion, opts.exit_threshold, opts.min_steps,
+        opts.max_steps, opts.continuous_compute, opts.draft_steps, opts.lookahead, opts.init_scale,
     )  # fmt: skip
-    sampler = Sampler(do_sample, temperature, top_k, top_p, min_p, generator)
+    sampler = Sampler(
+        opts.do_sample, opts.temperature, opts.top_k, opts.top_p, opts.min_p, generator
+    )
     tok = model.tokenizer
+    stop_tokens: Iterable[int] | None = opts.stop_tokens
     if stop_tokens is None:
         stop_tokens = tuple(tok.stop_ids) if tok is not None else ()
     stops = torch.tensor(sorted({int(t) for t in stop_tokens}), dtype=torch.long)
+    pad_token_id = opts.pad_token_id
     if pad_token_id is None:
         pad_token_id = int(getattr(tok, "pad_id", 0) or 0) if tok is not None else 0
-    if cache_budget is not None:
-        _check_int("cache_budget", cache_budget, 1)
+    if opts.cache_budget is not None:
+        _check_int("cache_budget", opts.cache_budget, 1)
     with torch.inference_mode():  # no autograd bookkeeping: +16 % tokens/s on small models
         run = _Run(
             model, input_ids, max_new_tokens, settings, sampler, stops.to(model.device),
-            pad_token_id, mask, cache_budget, streamer, output_scores,
+            pad_token_id, mask, opts.cache_budget, streamer, opts.output_scores, opts.compile,
         )  # fmt: skip
         if max_new_tokens > 0:
             if settings.draft_steps is not None:

@@ -12,9 +12,52 @@ writes its positions in place and attends over the filled prefix through (B, hea
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .config import RecurrentConfig
+
+
+class KVCacheTooLarge(MemoryError):
+    """A KV cache that cannot fit in the memory available on its device."""
+
+
+def available_memory(device: torch.device | str | None) -> int:
+    """Bytes free for a new allocation on ``device``: CUDA/ROCm free memory, else MemAvailable."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def check_fits(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None, n_core: int
+) -> None:
+    """Raise :class:`KVCacheTooLarge` naming the bytes when a cache of ``shape`` cannot be allocated."""
+    needed = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+    free = available_memory(device)
+    if needed > free:
+        slots, batch, length = shape[0], shape[1], shape[2]
+        raise KVCacheTooLarge(
+            f"the KV cache needs {needed:,} bytes ({_gib(needed)}: {slots:,} layer slots x "
+            f"{batch} rows x {length} positions) but only {free:,} bytes ({_gib(free)}) are "
+            "available; lower num_steps / max_steps, or share core-layer slots between iterations "
+            f"with cache_budget (e.g. cache_budget={4 * n_core} keeps {4 * n_core} core slots per "
+            "token whatever the depth)"
+        )
 
 
 class KVCache:
@@ -34,25 +77,26 @@ class KVCache:
         budget: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        storage: torch.Tensor | None = None,
     ) -> None:
-        if batch_size < 1 or max_length < 1 or max_steps < 1:
-            raise ValueError(
-                f"batch_size, max_length and max_steps must be >= 1, got "
-                f"{batch_size}, {max_length}, {max_steps}"
-            )
-        if budget is not None and budget < 1:
-            raise ValueError(f"cache_budget must be >= 1 core-layer slot per token, got {budget}")
+        shape = self.shape_for(config, batch_size, max_length, max_steps, budget)
         self.n_prelude = config.n_layers_in_prelude
         self.n_core = config.n_layers_in_recurrent_block
         self.n_coda = config.n_layers_in_coda
         self.max_steps = max_steps
         self.max_length = max_length
-        full = self.n_core * max_steps
-        self.core_slots = full if budget is None else min(int(budget), full)
-        n_slots = self.n_prelude + self.core_slots + self.n_coda
+        self.core_slots = shape[0] - self.n_prelude - self.n_coda
         H = config.n_heads
-        shape = (n_slots, batch_size, max_length, 2 * H, config.head_dim)
-        self.kv = torch.zeros(shape, device=device, dtype=dtype)
+        if storage is not None:
+            if tuple(storage.shape) != shape or storage.dtype != dtype:
+                raise ValueError(
+                    f"storage of shape {tuple(storage.shape)} and {storage.dtype} does not hold a "
+                    f"cache of shape {shape} and {dtype}"
+                )
+            self.kv = storage
+        else:
+            check_fits(shape, dtype, device, config.n_layers_in_recurrent_block)
+            self.kv = torch.zeros(shape, device=device, dtype=dtype)
         self.kv_slots = list(self.kv.unbind(0))  # (B, L, 2H, D) per slot, written in place
         self.k_slots = [kv[:, :, :H].transpose(1, 2) for kv in self.kv_slots]  # (B, H, L, D)
         self.v_slots = [kv[:, :, H:].transpose(1, 2) for kv in self.kv_slots]
@@ -61,6 +105,27 @@ class KVCache:
         self.end = 0
         self.mask: torch.Tensor | None = None
         self.is_causal = False
+
+    @staticmethod
+    def shape_for(
+        config: RecurrentConfig,
+        batch_size: int,
+        max_length: int,
+        max_steps: int,
+        budget: int | None = None,
+    ) -> tuple[int, int, int, int, int]:
+        """The storage shape (slots, B, max_length, 2·heads, head_dim); checks the arguments."""
+        if batch_size < 1 or max_length < 1 or max_steps < 1:
+            raise ValueError(
+                f"batch_size, max_length and max_steps must be >= 1, got "
+                f"{batch_size}, {max_length}, {max_steps}"
+            )
+        if budget is not None and budget < 1:
+            raise ValueError(f"cache_budget must be >= 1 core-layer slot per token, got {budget}")
+        full = config.n_layers_in_recurrent_block * max_steps
+        core = full if budget is None else min(int(budget), full)
+        n_slots = config.n_layers_in_prelude + core + config.n_layers_in_coda
+        return (n_slots, batch_size, max_length, 2 * config.n_heads, config.head_dim)
 
     @property
     def shared(self) -> bool:
@@ -161,7 +226,7 @@ class KVCache:
                     self.kv[self.core_slot(step, j), b, position] = entry
 
     def slot(self, index: int) -> CacheSlot:
-        """A :class:`~recurrent_model.layers.KVCacheSlot` for the model's own layers (hooked path)."""
+        """A :class:`~recurrent_model.functional.KVCacheSlot` for one layer call's keys and values."""
         return CacheSlot(self, self.physical(index))
 
 
@@ -182,3 +247,10 @@ class CacheSlot:
         kbuf[:, :, c.start : c.end] = k
         vbuf[:, :, c.start : c.end] = v
         return kbuf[:, :, : c.end], vbuf[:, :, : c.end], c.mask
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,20 +1,28 @@
-"""The building blocks of the recurrent-depth model, exactly as published.
+"""The building blocks of the recurrent-depth model as nn.Modules: parameters and hooks.
 
-Every layer is a "sandwich" block: ``x = norm_2(x + Attn(norm_1(x)))``, ``x = norm_4(x + MLP(norm_3(x)))``.
-Attention uses a fused [Q; K; V] projection, a learned per-head bias on queries and keys added before
-interleaved-pair RoPE, and torch's scaled_dot_product_attention.
+The arithmetic lives in :mod:`recurrent_model.functional`; these modules hold the weights (with
+state_dict keys in the Huginn layout) and the hook points, and call those functions.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from . import functional as fn
 from .config import RecurrentConfig
+from .functional import KVCacheSlot, apply_rope, rope_table
 from .hooks import HookPoint
+
+__all__ = [
+    "Attention",
+    "GatedMLP",
+    "KVCacheSlot",
+    "RMSNorm",
+    "SandwichBlock",
+    "apply_rope",
+    "rope_table",
+]
 
 
 class RMSNorm(nn.Module):
@@ -26,53 +34,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # torch's fused kernel computes exactly this formula
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
-def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Tensor:
-    """RoPE rotations as unit complex numbers (complex64), shape (length, head_dim // 2).
-
-    Pair j of a head (dimensions 2j, 2j+1) at position p is rotated by p · base^(−2j/head_dim).
-    """
-    exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
-    inv_freq = 1.0 / (base**exponents)
-    positions = torch.arange(length, device=device, dtype=torch.float32)
-    angles = torch.outer(positions, inv_freq).float()
-    return torch.complex(torch.cos(angles), torch.sin(angles))
-
-
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of ``x`` (B, T, ..., head_dim) by ``table`` (T, head_dim // 2).
-
-    Each pair (a, b) is the complex number a + ib, multiplied by cos + i·sin in float32:
-    (a, b) -> (a·cos − b·sin, b·cos + a·sin); cast back to x's dtype.
-    """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    rot = table.view(table.shape[0], *([1] * (x.dim() - 3)), table.shape[-1])
-    if torch.compiler.is_compiling():  # inductor fuses real arithmetic but not complex ops
-        a, b = pairs[..., 0], pairs[..., 1]
-        cos, sin = rot.real, rot.imag
-        rotated = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1)
-        return rotated.flatten(-2).type_as(x)
-    if pairs.stride(-1) != 1:
-        pairs = pairs.contiguous()
-    return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2).type_as(x)
-
-
-class KVCacheSlot(Protocol):
-    """What attention needs from a KV cache: store this call's keys/values, return what to attend to.
-
-    ``update`` receives k and v as (B, heads, T_new, head_dim) and returns the keys and values to attend
-    over plus an optional boolean attention mask (True = attend); a None mask means plain causal.
-    """
-
-    def update(
-        self, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+        return fn.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -88,23 +50,7 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, cache: KVCacheSlot | None = None
     ) -> torch.Tensor:
-        B, T, h = x.shape
-        qkv = self.Wqkv(x)
-        # Queries and keys together: per-head bias, then RoPE (one op each); values untouched.
-        qk = qkv[..., : 2 * h].view(B, T, 2, self.n_heads, self.head_dim)
-        qk = apply_rope(qk + self.qk_bias.view(2, self.n_heads, self.head_dim), rope)
-        q = qk[:, :, 0].transpose(1, 2)
-        k = qk[:, :, 1].transpose(1, 2)
-        v = qkv[..., 2 * h :].view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            k, v, mask = cache.update(k, v)
-            if mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(y.transpose(1, 2).reshape(B, T, h))
+        return fn.attention(x, self.Wqkv.weight, self.qk_bias, self.proj.weight, rope, cache)
 
 
 class GatedMLP(nn.Module):
@@ -116,8 +62,7 @@ class GatedMLP(nn.Module):
         self.proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc(x).chunk(2, dim=-1)
-        return self.proj(F.silu(gate) * up)
+        return fn.gated_mlp(x, self.fc.weight, self.proj.weight)
 
 
 class SandwichBlock(nn.Module):
@@ -126,6 +71,7 @@ class SandwichBlock(nn.Module):
     def __init__(self, config: RecurrentConfig, name: str, iterated: bool = False) -> None:
         super().__init__()
         eps = config.norm_eps
+        self.eps = eps
         self.norm_1 = RMSNorm(config.n_embd, eps)
         self.attn = Attention(config)
         self.norm_2 = RMSNorm(config.n_embd, eps)
@@ -140,6 +86,14 @@ class SandwichBlock(nn.Module):
     def hook_points(self) -> list[HookPoint]:
         return [self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post]
 
+    def weights(self) -> fn.BlockWeights:
+        """The block's parameters in the order :func:`functional.sandwich_block` takes them."""
+        a, m = self.attn, self.mlp
+        return fn.BlockWeights(
+            self.norm_1.weight, a.Wqkv.weight, a.qk_bias, a.proj.weight, self.norm_2.weight,
+            self.norm_3.weight, m.fc.weight, m.proj.weight, self.norm_4.weight,
+        )  # fmt: skip
+
     def forward(
         self,
         x: torch.Tensor,
@@ -147,7 +101,5 @@ class SandwichBlock(nn.Module):
         step: int | None = None,
         cache: KVCacheSlot | None = None,
     ) -> torch.Tensor:
-        attn_out = self.hook_attn_out(self.attn(self.norm_1(x), rope, cache), step)
-        x = self.hook_resid_mid(self.norm_2(attn_out + x), step)
-        mlp_out = self.hook_mlp_out(self.mlp(self.norm_3(x)), step)
-        return self.hook_resid_post(self.norm_4(mlp_out + x), step)
+        hooks = (self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post)
+        return fn.sandwich_block(x, self.weights(), rope, self.eps, cache, hooks, step)

@@ -13,21 +13,22 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import RecurrentConfig
+from . import functional as fn
+from .config import ContextLengthError, RecurrentConfig
 from .depth import split_depth
+from .diffusion import DiffusionOutput, generate_diffusion
+from .generation import GenerationOutput, generate
 from .hooks import ActivationCache, HookError, HookFn, HookPoint, name_matcher
 from .layers import KVCacheSlot, RMSNorm, SandwichBlock, rope_table
 
-
-class ContextLengthError(ValueError):
-    """An input longer than the model's context (block_size)."""
+__all__ = ["ContextLengthError", "LayerCache", "ModelOutput", "RecurrentLM", "Transformer"]
 
 
 class LayerCache(Protocol):
@@ -173,7 +174,7 @@ class RecurrentLM(nn.Module):
         return table[start:end]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.hook_embed(self.transformer.wte(input_ids) * self.emb_scale)
+        return self.hook_embed(fn.embed(input_ids, self.transformer.wte.weight, self.emb_scale))
 
     def prelude(
         self, x: torch.Tensor, rope: torch.Tensor, cache: LayerCache | None = None
@@ -205,7 +206,7 @@ class RecurrentLM(nn.Module):
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         """One iteration s_{step−1} -> s_step (step is 1-based)."""
-        x = self.hook_adapter(self.transformer.adapter(torch.cat([state, e], dim=-1)), step)
+        x = self.hook_adapter(fn.adapter(state, e, self.transformer.adapter.weight), step)
         n_core = len(self.transformer.core_block)
         base = self.config.n_layers_in_prelude + n_core * (step - 1)
         for j, block in enumerate(self.transformer.core_block):
@@ -299,6 +300,10 @@ class RecurrentLM(nn.Module):
         """Every hook name, in the order the hooks fire within one iteration of the forward pass."""
         return list(self._hook_points)
 
+    def has_hooks(self) -> bool:
+        """True while any hook function is attached (generation then runs the hooked path)."""
+        return any(p.fns for p in self._hook_points.values())
+
     def hook_point(self, name: str) -> HookPoint:
         try:
             return self._hook_points[name]
@@ -387,24 +392,65 @@ class RecurrentLM(nn.Module):
         return output, cache
 
     # Generation ----------------------------------------------------------------------------------
+    @overload
     def generate(
         self,
         input_ids: torch.Tensor,
         max_new_tokens: int,
         num_steps: int | None = None,
-        **kwargs: Any,
-    ) -> Any:
+        *,
+        return_details: Literal[False] = False,
+        **options: Any,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        num_steps: int | None = None,
+        *,
+        return_details: Literal[True],
+        **options: Any,
+    ) -> GenerationOutput: ...
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        num_steps: int | None = None,
+        *,
+        return_details: bool = False,
+        **options: Any,
+    ) -> torch.Tensor | GenerationOutput:
         """Autoregressive generation with the KV cache and the paper's inference features.
 
-        See ``recurrent_model.generation.generate`` for every keyword argument.
+        The sequences (B, T + new), or a :class:`GenerationOutput` with ``return_details=True``.
+        Options: ``config=GenerationConfig(...)`` and/or its fields as keywords (``do_sample``,
+        ``exit_criterion``, ``cache_budget``, ``draft_steps``, ``compile``, ...), plus
+        ``attention_mask``, ``generator`` and ``streamer``; see ``recurrent_model.generation.generate``.
         """
-        from .generation import generate
+        return generate(
+            self, input_ids, max_new_tokens, num_steps, return_details=return_details, **options
+        )
 
-        return generate(self, input_ids, max_new_tokens, num_steps=num_steps, **kwargs)
+    def generate_diffusion(
+        self, input_ids: torch.Tensor, max_new_tokens: int, **options: Any
+    ) -> torch.Tensor | DiffusionOutput:
+        """Generation with the diffusion-forcing sampler (parallel decoding across depth).
+
+        Batch size 1; ``return_details=True`` adds the analysis tablets. See
+        ``recurrent_model.diffusion.generate_diffusion`` for every keyword argument.
+        """
+        return generate_diffusion(self, input_ids, max_new_tokens, **options)
 
     # Persistence ---------------------------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json, model.safetensors and tokenizer.json (if any) atomically to ``path``."""
+        """Write config.json, model.safetensors and tokenizer.json (if any) atomically to ``path``.
+
+        The one import of a module above this one, done at call time: ``checkpoint`` builds models
+        (imports this module) and owns the file format, so the method delegates to it.
+        """
         from .checkpoint import save_pretrained
 
         save_pretrained(self, path)

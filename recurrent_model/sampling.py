@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-EXIT_CRITERIA = ("kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability")
+EXIT_CRITERIA = ("kl", "minp-kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability")
 DEFAULT_THRESHOLDS = {
     "kl": 5e-4,
+    "minp-kl": 1e-5,
     "latent-diff": 0.03,
     "entropy-diff": 1e-3,
     "cosine": 1e-3,
@@ -73,7 +74,9 @@ class ExitCriterion:
     "kl": KL(p_i ‖ p_{i−1}) of successive next-token distributions (the first step against uniform);
     "entropy-diff": |H(p_i) − H(p_{i−1})|; "latent-diff": ‖s_i − s_{i−1}‖/‖s_i‖;
     "cosine": 1 − cos(s_i, s_{i−1}); "argmax-stability": exit once the argmax has stayed the same for
-    ``threshold`` consecutive steps (the threshold is a step count here).
+    ``threshold`` consecutive steps (the threshold is a step count here); "minp-kl": as the published
+    implementation's ``MinKLExitEvaluator``, KL(q_{i−1} ‖ q_i) of min-p filtered distributions q
+    (probabilities under 0.1 · the largest set to 1/V, renormalised; q_0 uniform).
     """
 
     def __init__(self, name: str, threshold: float | None = None) -> None:
@@ -85,7 +88,7 @@ class ExitCriterion:
         self.threshold = float(DEFAULT_THRESHOLDS[name] if threshold is None else threshold)
         if not self.threshold >= 0:
             raise ValueError(f"exit_threshold must be >= 0, got {threshold}")
-        self.needs_logits = name in ("kl", "entropy-diff", "argmax-stability")
+        self.needs_logits = name in ("kl", "minp-kl", "entropy-diff", "argmax-stability")
         self._prev: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
 
@@ -117,6 +120,13 @@ class ExitCriterion:
                 self._count = torch.where(same, self._count + 1, torch.zeros_like(self._count))
             self._prev = top
             return self._count >= self.threshold
+        if name == "minp-kl":
+            logq = minp_log_probs(logits)
+            prev = self._prev
+            if prev is None:
+                prev = torch.full_like(logq, -math.log(logq.shape[-1]))
+            self._prev = logq
+            return (prev.exp() * (prev - logq)).sum(dim=-1) < self.threshold
         logp = torch.log_softmax(logits.float(), dim=-1)
         prev = self._prev
         if prev is None:
@@ -131,3 +141,11 @@ class ExitCriterion:
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
+
+
+def minp_log_probs(logits: torch.Tensor, min_p: float = 0.1) -> torch.Tensor:
+    """log q: softmax probabilities under ``min_p`` · the row's largest set to 1/V, renormalised."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    floor = min_p * probs.amax(dim=-1, keepdim=True)
+    probs = torch.where(probs < floor, 1.0 / probs.shape[-1], probs)
+    return (probs / probs.sum(dim=-1, keepdim=True)).log()

@@ -24,3 +24,24 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
             ablated = model(ids, num_steps=3, init_scale=0.0).logits
     assert steps == [1, 2, 3]
     assert not torch.allclose(ablated, eager, atol=1e-3)
+
+
+def test_compiled_decode_gives_the_eager_tokens():
+    # A one-token prompt needs no prefill, so only the decode step compiles (one small graph).
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    with torch.no_grad():
+        model.transformer.core_block[0].attn.qk_bias.normal_(0, 0.3)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
+    )
+    kw = dict(num_steps=3, stop_tokens=(), return_details=True, output_scores=True)
+    eager = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), **kw)
+    compiled = model.generate(
+        ids, 5, generator=torch.Generator().manual_seed(2), compile=True, **kw
+    )
+    assert not eager.compiled and compiled.compiled and compiled.compile_seconds > 0
+    assert torch.equal(compiled.sequences, eager.sequences)
+    torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
+    again = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), compile=True, **kw)
+    assert again.compile_seconds == 0.0 and torch.equal(again.sequences, eager.sequences)

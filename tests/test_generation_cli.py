@@ -1,15 +1,18 @@
-"""python -m recurrent_model.generate: streaming, iterations per token, clear errors."""
+"""python -m recurrent_model (recurrent_model.cli): streaming, iterations per token, clear errors."""
 
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import recurrent_model as rm
-from recurrent_model.generate import main
+from recurrent_model.cli import main
 from recurrent_model.tokenizer import SPECIAL_TOKENS, special_token_offset
 
 VOCAB = 320
@@ -93,3 +96,21 @@ def test_checkpoint_without_tokenizer(tmp_path, capsys):
     rm.RecurrentLM(rm.preset("tiny")).save_pretrained(tmp_path / "ck")
     rc, _ = run("--checkpoint", str(tmp_path / "ck"), "--prompt", "x")
     assert rc == 2 and "no tokenizer.json" in capsys.readouterr().err
+
+
+def test_cache_that_cannot_fit_fails_early_naming_bytes(checkpoint, capsys):
+    # 10^8 iterations of 2 core layers: a KV cache of terabytes; refused before allocating
+    rc, _ = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--num-steps", "100000000")
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "bytes" in err and "cache_budget" in err and "available" in err
+
+
+def test_runs_as_python_dash_m(checkpoint):
+    proc = subprocess.run(
+        [sys.executable, "-m", "recurrent_model", "--checkpoint", str(checkpoint), "--prompt",
+         "the cat", "--num-steps", "2", "--max-new-tokens", "3", "--init-scale", "0"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "iterations per token: 2" in proc.stdout

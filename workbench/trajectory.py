@@ -1,7 +1,8 @@
 """Trajectory: the latent states s_0 … s_r of one sequence for several runs (seed × init scale).
 
 The raw states are stored once; the ln_f-normalised view z_i = ln_f(s_i) is computed from them with
-the model's ln_f weight (saved alongside), exactly as ``RMSNorm`` does it in float32.
+the model's ln_f weight (saved alongside) by ``recurrent_model.functional.rms_norm``, the function the
+model's own ``RMSNorm`` calls.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from recurrent_model.functional import rms_norm
+
 FORMAT_VERSION = 1
 
 
 def rms_normalize(raw: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """ln_f applied to ``raw`` (..., h): x / sqrt(mean(x²) + eps) in float32, cast, times weight."""
+    """ln_f applied to ``raw`` (..., h) with the model's own RMSNorm arithmetic (float32 statistics)."""
     x = torch.from_numpy(np.ascontiguousarray(raw))
-    x32 = x.float()
-    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
-    return (normed * torch.from_numpy(weight).to(x.dtype)).numpy()
+    return rms_norm(x, torch.from_numpy(weight).to(x.dtype), eps).numpy()
 
 
 @dataclass(eq=False)

@@ -1,8 +1,8 @@
 """Command line: stream a completion from a checkpoint and report the iterations spent per token.
 
-python -m recurrent_model.generate --checkpoint DIR --prompt "..." [--chat] [--num-steps 32]
+python -m recurrent_model --checkpoint DIR --prompt "..." [--chat] [--num-steps 32]
     [--exit kl --threshold 5e-4] [--draft-steps 4 --lookahead 8] [--cache-budget 16]
-    [--continuous] [--sample --temperature 0.8 --top-p 0.9] [--max-new-tokens 128]
+    [--continuous] [--sample --temperature 0.8 --top-p 0.9] [--max-new-tokens 128] [--compile]
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import torch
 
 from .checkpoint import CheckpointError, load_model
 from .config import ConfigError
+from .kv_cache import KVCacheTooLarge
 from .sampling import EXIT_CRITERIA
 from .tokenizer import TokenizerError
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m recurrent_model.generate",
+        prog="python -m recurrent_model",
         description="Generate text with a recurrent-depth model and show the compute per token.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (Huginn layout)")
@@ -46,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-scale", type=float, default=1.0)
     p.add_argument("--device", default=None, help="e.g. cpu, cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode fixed-depth through torch.compile (one-time compile cost, reported)",
+    )
     return p
 
 
@@ -105,8 +111,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
             generator=torch.Generator(device=model.device).manual_seed(args.seed),
             streamer=streamer,
             return_details=True,
+            compile=args.compile,
         )
-    except (CheckpointError, ConfigError, TokenizerError, ValueError) as exc:
+    except (CheckpointError, ConfigError, TokenizerError, ValueError, KVCacheTooLarge) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out.write("\n\n")
@@ -115,6 +122,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         f"{len(streamer.steps)} tokens, mean {details.mean_steps:.2f} iterations per token, "
         f"KV cache {details.cache_bytes / 2**20:.1f} MiB\n"
     )
+    if details.compiled:
+        out.write(f"compiled decode: {details.compile_seconds:.1f} s of one-time compilation\n")
     if details.acceptance_rate is not None:
         out.write(f"speculative acceptance rate: {details.acceptance_rate:.2f}\n")
     return 0

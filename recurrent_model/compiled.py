@@ -1,0 +1,159 @@
+"""Fixed-depth decoding through a static-shape sandwich block compiled with torch.compile.
+
+One compiled function, the :func:`recurrent_model.functional.sandwich_block` over one KV-cache slot,
+serves every layer call of a chunk (prelude, each core layer at each iteration, coda): weights, cache
+slot, positions and mask are its inputs, so it compiles once per chunk shape (one decode token, one
+prompt prefill) and not once per layer. Every tensor shape is static: keys and values are written
+into the whole preallocated slot with ``index_copy_`` at the chunk's positions and attention reads
+all ``max_length`` positions under a mask. Inductor fuses the element-wise work (norms, RoPE, SiLU,
+residual adds) on the CPU; on a CUDA (or ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA
+graphs, for which the cache storage is kept at one static address per model and shape. The
+embedding, the adapter and the head run eagerly between the compiled calls.
+
+The first call for a new shape pays the compile (seconds to minutes on a small shared CPU); later
+calls with the same shapes reuse it. ``compile_seconds`` reports what a call paid.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import functional as fn
+from .kv_cache import KVCache, check_fits
+
+if TYPE_CHECKING:
+    from .model import RecurrentLM
+
+# The most recent static cache storage per model (CUDA graphs need inputs at fixed addresses).
+_STORAGE: weakref.WeakKeyDictionary[Any, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
+_COMPILED: dict[str | None, Any] = {}
+_SEEN: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
+
+
+def compile_mode(device: torch.device | str) -> str | None:
+    """torch.compile mode: "reduce-overhead" (CUDA graphs) on a GPU, inductor's default on the CPU."""
+    return "reduce-overhead" if torch.device(device).type == "cuda" else None
+
+
+def static_storage(model: RecurrentLM, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeroed cache storage of ``shape`` for ``model``, reused across calls with the same shape."""
+    key = (shape, dtype, model.device)
+    held = _STORAGE.get(model)
+    if held is not None and held[0] == key:
+        return held[1].zero_()
+    _STORAGE.pop(model, None)  # free the previous shape's storage before allocating
+    check_fits(shape, dtype, model.device, model.config.n_layers_in_recurrent_block)
+    storage = torch.zeros(shape, dtype=dtype, device=model.device)
+    if storage.is_cuda:
+        torch._dynamo.mark_static_address(storage)
+    _STORAGE[model] = (key, storage)
+    return storage
+
+
+class _StaticSlot:
+    """A :class:`functional.KVCacheSlot` over one whole cache slot (B, max_length, 2·heads, D)."""
+
+    def __init__(self, kv: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        self.kv, self.positions, self.mask = kv, positions, mask
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        H = k.shape[1]
+        self.kv.index_copy_(1, self.positions, torch.cat([k, v], dim=1).transpose(1, 2))
+        return self.kv[:, :, :H].transpose(1, 2), self.kv[:, :, H:].transpose(1, 2), self.mask
+
+
+def _block(
+    x: torch.Tensor,
+    weights: fn.BlockWeights,
+    rope: torch.Tensor,
+    eps: float,
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """One sandwich block writing its keys/values into slot ``kv`` (B, L, 2·heads, D) at positions."""
+    return fn.sandwich_block(x, weights, rope, eps, _StaticSlot(kv, positions, mask))
+
+
+def _decode_block(*args: Any) -> torch.Tensor:
+    """:func:`_block` for single-token chunks (its own compile cache: one static graph)."""
+    return _block(*args)
+
+
+def _prefill_block(*args: Any) -> torch.Tensor:
+    """:func:`_block` for prompt chunks (its own compile cache, dynamic in the prompt length)."""
+    return _block(*args)
+
+
+def _compiled(which: str, mode: str | None) -> Any:
+    key = f"{which}-{mode}"
+    if key not in _COMPILED:
+        target, dynamic = (_decode_block, False) if which == "decode" else (_prefill_block, None)
+        _COMPILED[key] = torch.compile(target, mode=mode, dynamic=dynamic, fullgraph=True)
+    return _COMPILED[key]
+
+
+class CompiledDecode:
+    """Fixed-depth chunks of ``model`` over ``cache``, every layer through the compiled block."""
+
+    def __init__(
+        self, model: RecurrentLM, cache: KVCache, num_steps: int, mode: str | None = None
+    ) -> None:
+        if num_steps > cache.max_steps:
+            raise ValueError(f"num_steps {num_steps} exceeds the cache's {cache.max_steps} steps")
+        self.model, self.cache, self.num_steps, self.mode = model, cache, num_steps, mode
+        t = model.transformer
+        slots = cache.kv_slots
+        n_coda = len(t.coda)
+        self.prelude = [(b.weights(), slots[cache.physical(i)]) for i, b in enumerate(t.prelude)]
+        self.core = [
+            [(b.weights(), slots[cache.core_slot(step, j)]) for j, b in enumerate(t.core_block)]
+            for step in range(1, num_steps + 1)
+        ]
+        self.coda = [(b.weights(), slots[cache.physical(k - n_coda)]) for k, b in enumerate(t.coda)]
+        self.compile_seconds = 0.0
+
+    def __call__(
+        self, ids: torch.Tensor, start: int, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids`` (B, T) at positions start… from s_0 = ``state``: (logits (B, 1, V), latents)."""
+        m, c = self.model, self.cache
+        t, eps = m.transformer, m.config.norm_eps
+        B, T = ids.shape
+        rope = torch.view_as_real(m.rope_at(start, T))  # (T, head_dim / 2, 2): cos, sin
+        c.begin(start, T)  # checks that the positions fit
+        positions = torch.arange(start, start + T, device=ids.device)
+        key_pos = torch.arange(c.max_length, device=ids.device)
+        mask = key_pos[None, :] <= positions[:, None]  # (T, L)
+        if c.key_valid is None:
+            mask = mask[None, None]
+        else:  # pad queries attend to themselves only, so that no row of the softmax is empty
+            mask = (mask & c.key_valid[:, None, None, :]) | (key_pos == positions[:, None])
+        block = _compiled("decode" if T == 1 else "prefill", self.mode)
+        if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
+            torch.compiler.cudagraph_mark_step_begin()
+        seen = _SEEN.setdefault(m, set())
+        shape_key = (T == 1 or T, B, c.max_length, c.key_valid is None, m.dtype, self.mode)
+        t0 = time.perf_counter()
+
+        def layers(x: torch.Tensor, blocks: list) -> torch.Tensor:
+            for weights, kv in blocks:
+                x = block(x, weights, rope, eps, kv, positions, mask)
+            return x
+
+        e = layers(fn.embed(ids, t.wte.weight, m.emb_scale), self.prelude)
+        if shape_key not in seen:  # the first compiled call built the graph
+            seen.add(shape_key)
+            self.compile_seconds += time.perf_counter() - t0
+        for step_blocks in self.core:
+            state = layers(fn.adapter(state, e, t.adapter.weight), step_blocks)
+        latents = fn.rms_norm(state, t.ln_f.weight, eps)
+        x = layers(latents, self.coda)[:, -1:]
+        logits = fn.lm_head(x, t.ln_f.weight, m.lm_head.weight, eps)
+        return logits, latents

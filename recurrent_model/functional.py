@@ -1,0 +1,169 @@
+"""The layer arithmetic of the recurrent-depth model as plain functions over tensors and weights.
+
+One implementation of each piece, shared by everything that runs the model: the nn.Modules in
+``layers.py`` and ``model.py``, the KV-cached path in ``cached_forward.py``, the compiled decode in
+``compiled.py`` and the trajectory normalisation in ``workbench.trajectory``. Every caller computes
+bit-identical float32 results because every caller runs exactly these ops.
+
+Every layer is a "sandwich" block: ``x = norm_2(x + Attn(norm_1(x)))``, ``x = norm_4(x + MLP(norm_3(x)))``.
+Attention uses a fused [Q; K; V] projection, a learned per-head bias on queries and keys added before
+interleaved-pair RoPE, and torch's scaled_dot_product_attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
+
+import torch
+import torch.nn.functional as F
+
+#: A hook on one activation: (tensor, step) -> tensor (the identity when nothing is attached).
+ActivationHook = Callable[[torch.Tensor, "int | None"], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x²) + eps) in float32, cast back to x's dtype, times ``weight``."""
+    if x.dtype == torch.float32:  # torch's fused kernel computes exactly this formula
+        return F.rms_norm(x, weight.shape, weight, eps)
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.type_as(x) * weight
+
+
+def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Tensor:
+    """RoPE rotations as unit complex numbers (complex64), shape (length, head_dim // 2).
+
+    Pair j of a head (dimensions 2j, 2j+1) at position p is rotated by p · base^(−2j/head_dim).
+    """
+    exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
+    inv_freq = 1.0 / (base**exponents)
+    positions = torch.arange(length, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq).float()
+    return torch.complex(torch.cos(angles), torch.sin(angles))
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of ``x`` (B, T, ..., head_dim) by ``table`` (T, head_dim // 2).
+
+    Each pair (a, b) is the complex number a + ib, multiplied by cos + i·sin in float32:
+    (a, b) -> (a·cos − b·sin, b·cos + a·sin); cast back to x's dtype. ``table`` is complex, or real
+    (T, head_dim // 2, 2) holding (cos, sin) (what compiled code passes: inductor fuses real
+    arithmetic but not complex ops).
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    shape = (table.shape[0], *([1] * (x.dim() - 3)), table.shape[1])
+    if table.is_complex() and not torch.compiler.is_compiling():
+        if pairs.stride(-1) != 1:
+            pairs = pairs.contiguous()
+        rot = table.view(shape)
+        return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2).type_as(x)
+    if table.is_complex():
+        cos, sin = table.real.view(shape), table.imag.view(shape)
+    else:
+        cos, sin = table[..., 0].view(shape), table[..., 1].view(shape)
+    a, b = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class KVCacheSlot(Protocol):
+    """What attention needs from a KV cache: store this call's keys/values, return what to attend to.
+
+    ``update`` receives k and v as (B, heads, T_new, head_dim) and returns the keys and values to attend
+    over plus an optional boolean attention mask (True = attend); a None mask means plain causal.
+    """
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+
+
+def attention(
+    x: torch.Tensor,
+    wqkv: torch.Tensor,
+    qk_bias: torch.Tensor,
+    wo: torch.Tensor,
+    rope: torch.Tensor,
+    cache: KVCacheSlot | None = None,
+) -> torch.Tensor:
+    """Causal self-attention of x (B, T, h); qk_bias (2, 1, heads, head_dim) sets the head layout."""
+    B, T, h = x.shape
+    n_heads, head_dim = qk_bias.shape[-2], qk_bias.shape[-1]
+    qkv = F.linear(x, wqkv)
+    # Queries and keys together: per-head bias, then RoPE (one op each); values untouched.
+    qk = qkv[..., : 2 * h].view(B, T, 2, n_heads, head_dim)
+    qk = apply_rope(qk + qk_bias.view(2, n_heads, head_dim), rope)
+    q = qk[:, :, 0].transpose(1, 2)
+    k = qk[:, :, 1].transpose(1, 2)
+    v = qkv[..., 2 * h :].view(B, T, n_heads, head_dim).transpose(1, 2)
+    if cache is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        k, v, mask = cache.update(k, v)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.linear(y.transpose(1, 2).reshape(B, T, h), wo)
+
+
+def gated_mlp(x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
+    """One fc projection to 2·I, split: SiLU(first half) · second half, then proj back to h."""
+    gate, up = F.linear(x, w_fc).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w_proj)
+
+
+class BlockWeights(NamedTuple):
+    """The tensors of one sandwich block (the nn.Module parameters themselves, not copies)."""
+
+    norm_1: torch.Tensor
+    wqkv: torch.Tensor
+    qk_bias: torch.Tensor
+    attn_proj: torch.Tensor
+    norm_2: torch.Tensor
+    norm_3: torch.Tensor
+    mlp_fc: torch.Tensor
+    mlp_proj: torch.Tensor
+    norm_4: torch.Tensor
+
+
+def sandwich_block(
+    x: torch.Tensor,
+    w: BlockWeights,
+    rope: torch.Tensor,
+    eps: float,
+    cache: KVCacheSlot | None = None,
+    hooks: Sequence[ActivationHook] | None = None,
+    step: int | None = None,
+) -> torch.Tensor:
+    """One decoder layer with a norm before and after each sub-layer.
+
+    ``hooks`` (attn_out, resid_mid, mlp_out, resid_post) see and may replace those activations;
+    ``step`` is passed to them (the core iteration, None outside the recurrence).
+    """
+    attn_out = attention(rms_norm(x, w.norm_1, eps), w.wqkv, w.qk_bias, w.attn_proj, rope, cache)
+    if hooks is None:
+        x = rms_norm(attn_out + x, w.norm_2, eps)
+        mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj)
+        return rms_norm(mlp_out + x, w.norm_4, eps)
+    hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post = hooks
+    attn_out = hook_attn_out(attn_out, step)
+    x = hook_resid_mid(rms_norm(attn_out + x, w.norm_2, eps), step)
+    mlp_out = hook_mlp_out(gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj), step)
+    return hook_resid_post(rms_norm(mlp_out + x, w.norm_4, eps), step)
+
+
+def adapter(state: torch.Tensor, e: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The core's input: Adapter(concat[s, e]), a (h, 2h) projection back to h."""
+    return F.linear(torch.cat([state, e], dim=-1), weight)
+
+
+def embed(input_ids: torch.Tensor, wte: torch.Tensor, scale: float) -> torch.Tensor:
+    """sqrt(h) · Embedding(ids)."""
+    return F.embedding(input_ids, wte) * scale
+
+
+def lm_head(x: torch.Tensor, ln_f: torch.Tensor, wte: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 logits of the coda's output: lm_head(ln_f(x)) with the tied embedding."""
+    return F.linear(rms_norm(x, ln_f, eps), wte).float()
