@@ -8,7 +8,9 @@ What is counted (bytes per device; P = parameters, n = tokens of one micro-batch
 
 - weights float32 4P, gradients float32 4P, Adam m and v 8P. ``fsdp`` divides all three by the
   shard group (the whole world), ``hsdp`` by the GPUs of one node (replicated across nodes),
-  ``bucketed`` divides only the optimizer state by the world (ZeRO-1), ``ddp`` divides nothing.
+  ``bucketed`` divides only the optimizer state by the world (ZeRO-1; torch's
+  ZeroRedundancyOptimizer hands out whole tensors, so one rank holds at least the largest tensor's
+  moments), ``ddp`` divides nothing.
 - bf16 working weights: under autocast torch caches a bf16 copy of every weight it casts (2P) for
   ddp/bucketed; FSDP2 with a bf16 MixedPrecisionPolicy instead gathers bf16 units: the root (embedding,
   adapter, final norm: FSDP2 keeps the root gathered for the step), every core block (kept gathered across
@@ -109,6 +111,7 @@ class ParameterCounts:
     """Parameters of the model by FSDP unit (tied embedding counted once)."""
 
     total: int
+    largest_tensor: int  # the embedding: ZeRO-1 hands out whole tensors
     root: int  # embedding/lm_head, adapter, final norm
     prelude_blocks: tuple[int, ...]
     core_blocks: tuple[int, ...]
@@ -139,7 +142,8 @@ def count_parameters(config: RecurrentConfig) -> ParameterCounts:
         tuple(_numel(b) for b in t.coda),
     )
     root = total - sum(sum(b) for b in blocks)
-    return ParameterCounts(total, root, *blocks)
+    largest = max(p.numel() for p in model.parameters())
+    return ParameterCounts(total, largest, root, *blocks)
 
 
 # Activations ------------------------------------------------------------------------------------
@@ -308,14 +312,16 @@ def plan_memory(
     tokens = t.micro_batch_size * config.data.block_size
     k = config.backprop_depth
     sharded_note = f"/ {shard} ranks" if shard > 1 else "replicated"
+    optimizer_bytes = -(-8 * P // opt_shard)
+    optimizer_note = f"/ {opt_shard} ranks" if opt_shard > 1 else "replicated"
+    if strategy == "bucketed" and opt_shard > 1:
+        # ZeroRedundancyOptimizer gives each rank whole tensors: one rank holds the largest one.
+        optimizer_bytes = max(optimizer_bytes, 8 * counts.largest_tensor)
+        optimizer_note = f"ZeRO-1 over {opt_shard} ranks, whole tensors: at least the largest"
     rows = [
         Row("weights (fp32)", -(-4 * P // shard), sharded_note),
         Row("gradients (fp32)", -(-4 * P // shard), sharded_note),
-        Row(
-            "optimizer state (Adam m, v fp32)",
-            -(-8 * P // opt_shard),
-            f"/ {opt_shard} ranks" if opt_shard > 1 else "replicated",
-        ),
+        Row("optimizer state (Adam m, v fp32)", optimizer_bytes, optimizer_note),
     ]
     # FSDP2 is applied with more than one rank (one rank trains the plain model).
     fsdp_applied = strategy in ("fsdp", "hsdp") and nodes * gpus_per_node > 1
