@@ -121,3 +121,30 @@ def test_collect_sublayers_last_layer_is_the_state(model):
     traj = wb.collect(model, IDS, 4, seeds=(3,), progress=False)
     assert sub.shape == (4, 2, 12, 64)
     np.testing.assert_array_equal(sub[:, -1], traj.raw_states[0, 1:])
+
+
+def test_progress_callback_counts_every_run_and_iteration(model):
+    calls = []
+    traj = wb.collect(
+        model,
+        IDS,
+        4,
+        seeds=(0, 1, 2),
+        progress=False,
+        batch_size=2,
+        on_progress=lambda d, t: calls.append((d, t)),
+    )
+    # 3 runs × 4 iterations; batches of 2 then 1 run: 2 per iteration, then 1
+    assert calls == [
+        (0, 12),
+        (2, 12),
+        (4, 12),
+        (6, 12),
+        (8, 12),
+        (9, 12),
+        (10, 12),
+        (11, 12),
+        (12, 12),
+    ]
+    plain = wb.collect(model, IDS, 4, seeds=(0, 1, 2), progress=False, batch_size=2)
+    np.testing.assert_array_equal(traj.raw_states, plain.raw_states)  # the hook changes nothing

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .trajectory import Trajectory
+
+ProgressFn = Callable[[int, int], None]
 
 
 class TrajectoryTooLarge(MemoryError):
@@ -88,6 +90,16 @@ def initial_states(
     return torch.stack(out)
 
 
+def _ticker(on_progress: ProgressFn, start: int, stop: int, num_steps: int, total: int):
+    """A hook on core.hook_state reporting (runs before the batch + iterations done) / total."""
+
+    def tick(x: torch.Tensor, hook) -> None:
+        if hook.step:  # s_0 is step 0: no iteration yet
+            on_progress(start * num_steps + hook.step * (stop - start), total)
+
+    return tick
+
+
 @torch.no_grad()
 def collect(
     model: torch.nn.Module,
@@ -101,12 +113,15 @@ def collect(
     batch_size: int = 8,
     max_bytes: int | None = None,
     progress: bool = True,
+    on_progress: ProgressFn | None = None,
 ) -> Trajectory:
     """Run ``input_ids`` for ``num_steps`` core iterations per (seed, init scale); keep s_0 … s_r.
 
     Runs are batched ``batch_size`` at a time. ``dtype`` (float32 or float16) is the storage type.
     ``max_bytes`` caps the memory the result may take (default: 80% of what is available); a
     request over it raises ``TrajectoryTooLarge`` naming the size before any work is done.
+    ``on_progress(done, total)`` is called after every core iteration of every batch, counting
+    (run, iteration) pairs: total = runs × num_steps (e.g. for a progress bar in an app).
     """
     ids = as_token_ids(input_ids)
     num_steps = int(num_steps)
@@ -132,16 +147,25 @@ def collect(
     init = initial_states(model, plan, (T, h))
     device = model.device
     batches = range(0, len(plan), batch_size)
+    total = len(plan) * num_steps
+    if on_progress is not None:
+        on_progress(0, total)
     for start in tqdm(batches, desc=f"collect {model.name}", disable=not progress, leave=False):
         stop = min(start + batch_size, len(plan))
         batch_ids = ids.expand(stop - start, T).to(device)
-        _, cache = model.run_with_cache(
-            batch_ids,
-            num_steps=num_steps,
-            init_state=init[start:stop].to(device),
-            names_filter="core.hook_state",
-            cache_device="cpu",
+        ticks = (
+            []
+            if on_progress is None
+            else [("core.hook_state", _ticker(on_progress, start, stop, num_steps, total))]
         )
+        with model.hooks(ticks):
+            _, cache = model.run_with_cache(
+                batch_ids,
+                num_steps=num_steps,
+                init_state=init[start:stop].to(device),
+                names_filter="core.hook_state",
+                cache_device="cpu",
+            )
         states = cache["core.hook_state"].float()  # (steps + 1, B, T, h)
         raw[start:stop] = states.permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
 
