@@ -220,6 +220,8 @@ def test_launch_of_the_frontier_config_names_prepare_py(tmp_path):
             "pretrain/configs/huginn-3.5b-frontier.yaml",
             "--set",
             "train.device=cpu",
+            "--set",
+            "distributed.strategy=ddp",
             "--out",
             str(tmp_path / "run"),
         ],
