@@ -90,7 +90,8 @@ def strip_nproc(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     raw_argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(raw_argv)
-    if args.nproc and args.nproc > 1 and "RANK" not in os.environ and not args.slurm_script:
+    relaunch = not (args.slurm_script or args.plan)
+    if args.nproc and args.nproc > 1 and "RANK" not in os.environ and relaunch:
         from pretrain.distributed import relaunch_with_torchrun  # the ranks read the config
 
         return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv))
