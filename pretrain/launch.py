@@ -117,7 +117,7 @@ def print_plan(config, args: argparse.Namespace) -> int:
 
     on_cpu = config.train.device == "cpu"
     nodes = args.nodes or (1 if on_cpu else config.cluster.nodes)
-    gpus = args.gpus_per_node or (1 if on_cpu else config.cluster.gpus_per_node)
+    gpus = args.gpus_per_node or ((args.nproc or 1) if on_cpu else config.cluster.gpus_per_node)
     try:
         device = resolve_device(
             args.plan_device or ("cpu" if on_cpu else config.cluster.device), args.device_memory
