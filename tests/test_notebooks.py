@@ -9,7 +9,12 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["orbits_and_rotations.ipynb", "path_independence.ipynb", "convergence.ipynb"]
+NAMES = [
+    "orbits_and_rotations.ipynb",
+    "path_independence.ipynb",
+    "convergence.ipynb",
+    "interventions.ipynb",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
