@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_plan(config, args: argparse.Namespace) -> int:
     """Print the memory plan; 0 when the step fits on the device, 3 (and one line) when not."""
+    from dataclasses import replace
+
     from pretrain.plan import PlanError, format_plan, plan_all, resolve_device, verdict
 
     on_cpu = config.train.device == "cpu"
@@ -122,6 +124,8 @@ def print_plan(config, args: argparse.Namespace) -> int:
         device = resolve_device(
             args.plan_device or ("cpu" if on_cpu else config.cluster.device), args.device_memory
         )
+        if not device.accelerator and gpus > 1:  # local ranks share the host's memory
+            device = replace(device, memory_gib=device.memory_gib / gpus, label=f"host / {gpus}")
         plans = plan_all(config, device, nodes, gpus)
     except PlanError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -404,7 +404,7 @@ def format_plan(plan: MemoryPlan, others: dict[str, MemoryPlan] | None = None) -
     head = (
         f"memory plan: {plan.parameters:,} parameters, strategy {plan.strategy}, "
         f"{plan.nodes} node(s) x {plan.gpus_per_node} = {plan.world} ranks, "
-        f"{plan.device.label} ({plan.device.memory_gib:g} GiB)"
+        f"{plan.device.label} ({plan.device.memory_gib:.4g} GiB)"
     )
     table = [[r.name, gib(r.bytes), r.note] for r in plan.rows]
     table.append(["total", gib(plan.total_bytes), f"{100 * plan.headroom:+.0f}% headroom"])
