@@ -201,7 +201,7 @@ def patch_states(
             "position": [p for p, _ in cells],
             "step": [-1 if s is None else s for _, s in cells],
             "token": ["(all)" if p < 0 else labels[p] for p, _ in cells],
-            "restored": (patched - m_corr) / (m_clean - m_corr),
+            "restored": (patched - m_corr) / (m_clean - m_corr) + 0.0,  # no -0.0
             "logprob": patched,
         }
     )
