@@ -16,7 +16,7 @@ import workbench
 from workbench import figures
 from workbench.checkpoint_series import checkpoint_dirs
 
-from .inputs import resolve_checkpoint
+from .inputs import InputError, resolve_checkpoint
 
 DEFAULT_SERIES = "checkpoints/default/series"
 
@@ -56,7 +56,10 @@ def training_view(ctx) -> None:
         "Run directory (holds step-N checkpoints)", DEFAULT_SERIES, key="series_dir"
     )
     run_dir = resolve_checkpoint(text)
-    found = checkpoint_dirs(run_dir)
+    try:
+        found = checkpoint_dirs(run_dir)
+    except FileNotFoundError as exc:
+        raise InputError(f"{exc}. A run directory holds step-N checkpoints.") from exc
     st.write(f"{len(found)} checkpoints: steps {', '.join(str(s) for s, _ in found)}")
     if not st.toggle("Analyse these checkpoints", key="series_go"):
         return
