@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from recurrent_model.standin import DEFAULT_CHECKPOINT, default_model
 from recurrent_model.threads import threads_for
 from workbench.dynamics import rotation_plane
 
+from . import cost
 from .inputs import RunSettings
 
 ModelKey = str
@@ -46,9 +48,49 @@ def load(path: str, device: str, dtype: str, signature: str) -> recurrent_model.
     return recurrent_model.load_model(path, device=device, dtype=dtype)
 
 
+class CollectProgress:
+    """The progress bar of one collection, per run and iteration, next to its estimate.
+
+    `trajectory` creates the bar inside the cached function (Streamlit replays elements made
+    there); `elapsed` is set only when the collection really ran (not on a cache hit).
+    """
+
+    def __init__(self, what: str, guess: cost.CostEstimate, min_interval: float = 0.25) -> None:
+        self.what, self.guess, self.min_interval = what, guess, min_interval
+        self.elapsed: float | None = None
+        self.updates = 0
+
+    def start(self) -> None:
+        self._bar = st.progress(0.0, text=f"Collecting {self.what}: {self.guess.describe()}")
+        self._t0 = self._last = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done < total and now - self._last < self.min_interval:
+            return  # a few updates a second are enough
+        self._last, self.updates = now, self.updates + 1
+        self._bar.progress(done / total, text=self.text(done, total, now - self._t0))
+
+    def text(self, done: int, total: int, seconds: float) -> str:
+        return (
+            f"Collecting {self.what}: {done}/{total} run-iterations · {seconds:.0f} s of an "
+            f"estimated {self.guess.seconds:.0f} s"
+        )
+
+    def finish(self) -> None:
+        self.elapsed = time.perf_counter() - self._t0
+        self._bar.empty()
+
+
 @st.cache_data(max_entries=4, show_spinner=False)
-def trajectory(_model, model_key: ModelKey, run: RunSettings) -> workbench.Trajectory:
-    """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once."""
+def trajectory(
+    _model, model_key: ModelKey, run: RunSettings, _progress: CollectProgress | None = None
+) -> workbench.Trajectory:
+    """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once.
+
+    With ``_progress`` a progress bar follows every run and iteration (see CollectProgress)."""
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
         traj = workbench.collect(
             _model,
@@ -57,9 +99,38 @@ def trajectory(_model, model_key: ModelKey, run: RunSettings) -> workbench.Traje
             seeds=run.seeds,
             init_scale=run.init_scale,
             progress=False,
+            on_progress=_progress,
         )
+    if _progress is not None:
+        _progress.finish()
     traj.normalized_states  # noqa: B018 - computed now so that cache hits carry it
     return traj
+
+
+COLLECT_BATCH = 8  # runs per forward in workbench.collect
+
+
+def probe_speed(model, tokens: int, runs: int) -> float:
+    """FLOP/s of this device in the model's dtype for a batch like the collection's (cached in
+    `cost.matmul_flops_per_second`), measured with the model's thread settings."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    rows = tokens * max(1, min(runs, COLLECT_BATCH))
+    with threads_for(model):
+        return cost.matmul_flops_per_second(str(model.device), dtype, rows, model.config.n_embd)
+
+
+def estimate(model, tokens: int, num_steps: int, runs: int, overhead: float) -> cost.CostEstimate:
+    """The estimated cost of a collection on this device (see apps/cost.py)."""
+    speed = probe_speed(model, tokens, runs)
+    return cost.estimate_seconds(model.config, tokens, num_steps, runs, speed, overhead)
+
+
+@st.cache_data(max_entries=16, show_spinner="Measuring this device's speed …")
+def run_defaults(_model, model_key: ModelKey, tokens: int, overhead: float) -> tuple[int, int]:
+    """Default (steps, number of seeds) whose estimated collection fits `cost.TIME_BUDGET_S`."""
+    return cost.default_run(
+        lambda steps, runs: estimate(_model, tokens, steps, runs, overhead).seconds
+    )
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from recurrent_model.hub import looks_like_hub_id
 from recurrent_model.standin import REPO_ROOT
 
 MAX_STEPS = 256
@@ -35,12 +36,18 @@ class RunSettings:
 
 
 def resolve_checkpoint(text: str) -> Path:
-    """The checkpoint directory typed in the sidebar; relative paths are taken from the repo root."""
+    """The checkpoint directory typed in the sidebar; relative paths are taken from the repo root.
+
+    A hub id ("org/name") that is no local directory is returned as is: `load_model` fetches it
+    through the Hugging Face hub cache."""
     text = text.strip()
     if not text:
-        raise InputError("Enter a checkpoint directory (e.g. checkpoints/default).")
+        raise InputError("Enter a checkpoint directory (e.g. checkpoints/default) or a hub id.")
     path = Path(text).expanduser()
     if not path.is_absolute() and not path.exists():
+        local = path.parent.exists() or (REPO_ROOT / path).parent.exists()
+        if not local and looks_like_hub_id(text):
+            return Path(text)
         path = REPO_ROOT / path
     return path.resolve()
 

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts apps/ on the path, not the
 import streamlit as st  # noqa: E402
 import torch  # noqa: E402
 
-from apps import compute, inputs  # noqa: E402
+from apps import compute, cost, inputs  # noqa: E402
 from apps.messages import shown_as_message  # noqa: E402
 from apps.views import VIEWS, Context  # noqa: E402
 from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
@@ -37,10 +37,12 @@ def devices() -> list[str]:
 
 
 def sidebar() -> dict:
-    """The sidebar widgets; returns their raw values (checked later)."""
+    """The model and input widgets of the sidebar; returns their raw values (checked later)."""
     with st.sidebar:
         st.header("Model")
-        path = st.text_input("Checkpoint directory", "checkpoints/default", key="checkpoint")
+        path = st.text_input(
+            "Checkpoint directory or hub id", "checkpoints/default", key="checkpoint"
+        )
         device = st.selectbox("Device", devices(), key="device")
         dtype = st.selectbox("dtype", DTYPES, key="dtype")
         st.header("Input")
@@ -49,21 +51,58 @@ def sidebar() -> dict:
         prompt = st.text_area(
             "User message" if chat else "Prompt", inputs.DEFAULT_PROMPT, height=120, key="prompt"
         )
+    return dict(path=path, device=device, dtype=dtype, chat=chat, system=system, prompt=prompt)
+
+
+def run_widgets(model, model_key: str, tokens: int) -> dict:
+    """The sidebar's run settings. Steps and seeds start at defaults scaled to the model and this
+    device (estimated collection under ~20 s), set again whenever another model is loaded."""
+    missing = "steps" not in st.session_state or "seeds" not in st.session_state
+    if missing or st.session_state.get("run_defaults_for") != model_key:
+        steps, n_seeds = compute.run_defaults(model, model_key, tokens, cost_ratio(model_key))
+        st.session_state["steps"] = steps
+        st.session_state["seeds"] = ", ".join(map(str, range(n_seeds)))
+        st.session_state["run_defaults_for"] = model_key
+    with st.sidebar:
         st.header("Run")
-        steps = st.number_input("Steps", value=32, step=1, key="steps")
-        seeds = st.text_input("Seeds", "0, 1, 2, 3, 4", key="seeds")
+        steps = st.number_input("Steps", value=None, step=1, key="steps")
+        seeds = st.text_input("Seeds", "", key="seeds")
         scale = st.number_input("Init scale", value=1.0, step=0.1, key="init_scale")
-    return dict(
-        path=path,
-        device=device,
-        dtype=dtype,
-        chat=chat,
-        system=system,
-        prompt=prompt,
-        steps=steps,
-        seeds=seeds,
-        scale=scale,
-    )
+    return dict(steps=steps, seeds=seeds, scale=scale)
+
+
+def cost_ratio(model_key: str) -> float:
+    """Measured / estimated time of this model's last collection here (1 before any)."""
+    return st.session_state.get("cost_ratio", {}).get(model_key, cost.OVERHEAD)
+
+
+def prompt_length(model, raw: dict) -> int:
+    """Tokens in the typed prompt, or in the default prompt when it cannot be encoded yet."""
+    for text in (raw["prompt"], inputs.DEFAULT_PROMPT):
+        try:
+            return len(
+                inputs.encode_input(
+                    model.tokenizer, model.config.block_size, text, raw["system"], raw["chat"]
+                )
+            )
+        except inputs.InputError:
+            continue
+    return 64
+
+
+def collect_with_progress(model, model_key: str, run) -> object:
+    """The trajectory, with a progress bar per run and iteration and the estimate beside it;
+    a fresh collection calibrates later estimates (measured / estimated time)."""
+    n_runs = 1 if run.init_scale == 0 else len(run.seeds)
+    ratio = cost_ratio(model_key)
+    guess = compute.estimate(model, len(run.token_ids), run.num_steps, n_runs, ratio)
+    what = f"{n_runs} run(s) × {run.num_steps} steps × {len(run.token_ids)} tokens"
+    progress = compute.CollectProgress(what, guess)
+    traj = compute.trajectory(model, model_key, run, _progress=progress)
+    if progress.elapsed is not None:  # collected now, not from the cache: calibrate
+        ratios = st.session_state.setdefault("cost_ratio", {})
+        ratios[model_key] = ratio * progress.elapsed / max(guess.seconds, 1e-9)
+    return traj
 
 
 def model_banner(model, path: Path) -> None:
@@ -92,6 +131,8 @@ def main() -> None:
             str(path), raw["device"], raw["dtype"], compute.checkpoint_signature(path)
         )
     model_banner(model, path)
+    model_key = f"{path}|{raw['device']}|{raw['dtype']}|{compute.checkpoint_signature(path)}"
+    raw |= run_widgets(model, model_key, prompt_length(model, raw))
     with shown_as_message(stop=True):
         run = inputs.RunSettings(
             token_ids=inputs.encode_input(
@@ -101,17 +142,13 @@ def main() -> None:
             seeds=inputs.parse_seeds(raw["seeds"]),
             init_scale=inputs.check_init_scale(raw["scale"]),
         )
-    model_key = f"{path}|{raw['device']}|{raw['dtype']}|{compute.checkpoint_signature(path)}"
-    n_runs = 1 if run.init_scale == 0 else len(run.seeds)
-    with (
-        shown_as_message(stop=True),
-        st.spinner(
-            f"Collecting {n_runs} run(s) × {run.num_steps + 1} states × {len(run.token_ids)} "
-            "tokens …",
-            show_time=True,
-        ),
-    ):
-        traj = compute.trajectory(model, model_key, run)
+    with shown_as_message(stop=True):
+        n_runs = 1 if run.init_scale == 0 else len(run.seeds)
+        guess = compute.estimate(
+            model, len(run.token_ids), run.num_steps, n_runs, cost_ratio(model_key)
+        )
+        st.sidebar.markdown(f"Estimated collection: {guess.describe()}")
+        traj = collect_with_progress(model, model_key, run)
     st.caption(
         f"{traj.n_tokens} tokens · {traj.num_steps} steps · seeds {', '.join(map(str, traj.seeds))}"
         f" · init scale {run.init_scale:g}"

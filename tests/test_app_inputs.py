@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -126,3 +128,105 @@ def test_downloads_round_trip(tmp_path):
     back = pd.read_csv(tmp_path / "c.csv", keep_default_na=False, na_values=[""])
     assert list(back.columns) == list(frame.columns) and len(back) == len(frame)
     assert np.allclose(back["distance_to_final"], frame["distance_to_final"])
+
+
+def test_resolve_checkpoint_accepts_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert inputs.resolve_checkpoint("org/name") == Path("org/name")  # load_model fetches it
+    typo = inputs.resolve_checkpoint("checkpoints/no-such-run")  # a local folder: stays local
+    assert typo.is_absolute() and typo.parent == DEFAULT_CHECKPOINT.parent.resolve()
+
+
+def _linear_weights(model: torch.nn.Module) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_forward_flops_count_every_matmul():
+    """Known answer from the model's own nn.Linear weights (tiny preset), plus attention."""
+    from apps import cost
+    from recurrent_model import RecurrentLM, preset
+
+    config = preset("tiny")
+    model = RecurrentLM(config)
+    t, r, runs = 10, 3, 2
+    parts = {p: _linear_weights(getattr(model.transformer, p)) for p in ("prelude", "coda")}
+    core, adapter = _linear_weights(model.transformer.core_block), config.n_embd * 2 * config.n_embd
+    head = model.lm_head.weight.numel()
+    matmul = 2 * t * (parts["prelude"] + parts["coda"] + head + r * (core + adapter))
+    n_layers = config.n_layers_in_prelude + config.n_layers_in_coda
+    attention = (
+        2 * (n_layers + r * config.n_layers_in_recurrent_block) * t * (t + 1) * config.n_embd
+    )
+    assert cost.forward_flops(config, t, r, runs) == runs * (matmul + attention)
+    # the published shape (3.56 B parameters): 46 tokens x 8 steps, the run of issue 13
+    big = cost.forward_flops(preset("huginn-0125"), 46, 8, 1)
+    assert big == pytest.approx(1.383e12, rel=1e-3)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        cost.forward_flops(config, 0, 8)
+
+
+def test_estimate_and_default_run_scaling():
+    from apps import cost
+
+    config = _tiny_config()
+    est = cost.estimate_seconds(config, 20, 8, 2, flops_per_second=1e9, overhead=2.0)
+    assert est.seconds == pytest.approx(2.0 * cost.forward_flops(config, 20, 8, 2) / 1e9)
+    assert "GFLOP/s" in est.describe()
+    for per_unit, expected in [(0.1, (32, 5)), (0.2, (32, 3)), (1.0, (16, 1)), (10.0, (4, 1))]:
+        assert cost.default_run(lambda s, n, c=per_unit: c * s * n) == expected, per_unit
+    with pytest.raises(ValueError, match="flops_per_second"):
+        cost.estimate_seconds(config, 20, 8, 2, flops_per_second=0.0)
+
+
+def _tiny_config():
+    from recurrent_model import preset
+
+    return preset("tiny")
+
+
+def test_matmul_probe_measures_and_is_cached():
+    from apps import cost
+
+    speed = cost.matmul_flops_per_second("cpu", "float32", 16, 64, min_seconds=0.01)
+    assert 1e6 < speed < 1e15
+    assert cost.matmul_flops_per_second("cpu", "float32", 16, 64, min_seconds=0.01) == speed
+
+
+def test_collect_progress_reports_every_update_in_order():
+    from apps import compute, cost
+
+    guess = cost.CostEstimate(flops=1e9, flops_per_second=1e9, seconds=1.0)
+    progress = compute.CollectProgress("1 run(s)", guess, min_interval=0.0)
+    progress.start()
+    for done in range(5):
+        progress(done, 4)
+    progress.finish()
+    assert progress.updates == 5 and progress.elapsed is not None
+    assert progress.text(2, 4, 0.5) == (
+        "Collecting 1 run(s): 2/4 run-iterations · 0 s of an estimated 1 s"
+    )
+
+
+def test_app_scales_defaults_to_the_device_and_shows_the_estimate(monkeypatch):
+    """On a slow device (a stand-in probe speed) the app opens with fewer seeds and steps, chosen
+    by cost.default_run, and shows the estimate; on a fast one it keeps 32 steps x 5 seeds."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from apps import cost
+
+    app = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+    for speed in (1e13, 2e8):
+        st.cache_data.clear()
+        monkeypatch.setattr(cost, "matmul_flops_per_second", lambda *a, s=speed, **k: s)
+        at = AppTest.from_file(app, default_timeout=240).run()
+        assert not at.exception, at.exception
+        steps, seeds = at.session_state["steps"], at.session_state["seeds"]
+        text = [m.value for m in at.sidebar.markdown if m.value.startswith("Estimated collection")]
+        assert len(text) == 1 and "GFLOP/s" in text[0]
+        if speed > 1e12:
+            assert (steps, seeds) == (32, "0, 1, 2, 3, 4")
+        else:
+            assert (steps, len(seeds.split(","))) < (32, 5)
+            assert any(f"{steps} steps" in c.value for c in at.caption)
+    st.cache_data.clear()

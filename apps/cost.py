@@ -1,0 +1,138 @@
+"""What a trajectory collection will cost before it starts, and run defaults that fit the machine.
+
+The cost is counted in FLOPs from the model's shape (every matmul of a forward pass: the prelude and
+coda once, the adapter and core block once per iteration, the head, and causal attention), and
+turned into seconds at the speed of this device measured once per (device, dtype, shape) with a
+matmul probe in the model's dtype. A forward does more than matmuls (norms, RoPE, copying the
+recorded states), so `OVERHEAD` scales the matmul time; after a real collection the app can pass
+the measured ratio instead (`estimate_seconds(..., overhead=...)`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from recurrent_model.config import RecurrentConfig
+
+OVERHEAD = 1.0  # forward time / matmul-probe time before any calibration (0.5–1.9 measured, README)
+TIME_BUDGET_S = 20.0  # default steps and seeds keep the estimated collection under this
+DEFAULT_STEPS, DEFAULT_SEEDS, MIN_STEPS = 32, 5, 4
+STEP_CHOICES = (32, 24, 16, 12, 8, 6, 4)
+
+
+def layer_matmul_params(config: RecurrentConfig) -> int:
+    """Weights one sandwich block multiplies by: Wqkv (h × 3h), proj (h × h), gated MLP (3 h I)."""
+    h = config.n_embd
+    return 4 * h * h + 3 * h * config.intermediate_size
+
+
+def forward_flops(config: RecurrentConfig, tokens: int, num_steps: int, runs: int = 1) -> float:
+    """FLOPs of `runs` forward passes over `tokens` tokens with `num_steps` core iterations.
+
+    2 FLOPs per weight and token for the prelude, the coda, the head (logits at every position)
+    and, per iteration, the adapter (2h × h) and the core block; attention adds 2 × 2 T h per
+    layer and token on average (QKᵀ and AV over a causal context of (T + 1) / 2 positions).
+    """
+    if tokens < 1 or num_steps < 1 or runs < 1:
+        raise ValueError(f"tokens, steps and runs must be >= 1, got {tokens}, {num_steps}, {runs}")
+    h = config.n_embd
+    layer = layer_matmul_params(config)
+    once = (config.n_layers_in_prelude + config.n_layers_in_coda) * layer + config.vocab_size * h
+    per_step = config.n_layers_in_recurrent_block * layer + 2 * h * h
+    layers = (
+        config.n_layers_in_prelude
+        + config.n_layers_in_coda
+        + num_steps * config.n_layers_in_recurrent_block
+    )
+    matmuls = 2.0 * tokens * (once + num_steps * per_step)
+    attention = 2.0 * layers * tokens * (tokens + 1) * h
+    return runs * (matmuls + attention)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@lru_cache(maxsize=32)
+def matmul_flops_per_second(
+    device: str, dtype: str, rows: int, h: int, min_seconds: float = 0.2
+) -> float:
+    """Measured FLOP/s of (rows × h) @ (h × h) in `dtype` on `device` (cached per arguments).
+
+    Repeats the product until `min_seconds` have passed (at least 3 times, at most 200), after a
+    warm-up; the shapes are those of a forward over `rows` token states.
+    """
+    dev, dt = torch.device(device), getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, h, generator=gen).to(dev, dt)
+    b = torch.randn(h, h, generator=gen).to(dev, dt)
+    with torch.inference_mode():
+        a @ b  # warm-up
+        _sync(dev)
+        reps, start = 0, time.perf_counter()
+        while reps < 3 or (time.perf_counter() - start < min_seconds and reps < 200):
+            a @ b
+            reps += 1
+        _sync(dev)
+        elapsed = time.perf_counter() - start
+    return 2.0 * rows * h * h * reps / max(elapsed, 1e-9)
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """A collection's FLOPs, the probe's speed (FLOP/s) and the estimated seconds."""
+
+    flops: float
+    flops_per_second: float
+    seconds: float
+
+    def describe(self) -> str:
+        return (
+            f"≈ {self.seconds:.0f} s ({self.flops / 1e12:.2f} TFLOP at a measured "
+            f"{self.flops_per_second / 1e9:.0f} GFLOP/s)"
+            if self.seconds >= 1
+            else f"< 1 s ({self.flops / 1e9:.1f} GFLOP at a measured "
+            f"{self.flops_per_second / 1e9:.0f} GFLOP/s)"
+        )
+
+
+def estimate_seconds(
+    config: RecurrentConfig,
+    tokens: int,
+    num_steps: int,
+    runs: int,
+    flops_per_second: float,
+    overhead: float = OVERHEAD,
+) -> CostEstimate:
+    """The estimated cost of collecting `runs` runs of `num_steps` iterations over `tokens`."""
+    if flops_per_second <= 0:
+        raise ValueError(f"flops_per_second must be > 0, got {flops_per_second}")
+    flops = forward_flops(config, tokens, num_steps, runs)
+    return CostEstimate(flops, flops_per_second, overhead * flops / flops_per_second)
+
+
+def default_run(
+    seconds: Callable[[int, int], float],
+    budget: float = TIME_BUDGET_S,
+    steps: int = DEFAULT_STEPS,
+    seeds: int = DEFAULT_SEEDS,
+) -> tuple[int, int]:
+    """(steps, number of seeds) for the first run the app makes, from `seconds(steps, runs)`.
+
+    Keeps `steps` and `seeds` when they fit the budget; else drops seeds first (one seed still
+    shows a trajectory), then steps through STEP_CHOICES down to MIN_STEPS, which is used even
+    when it does not fit (the user sees the estimate and can lower the tokens).
+    """
+    for n in range(seeds, 0, -1):
+        if seconds(steps, n) <= budget:
+            return steps, n
+    for s in STEP_CHOICES:
+        if s < steps and seconds(s, 1) <= budget:
+            return s, 1
+    return MIN_STEPS, 1
