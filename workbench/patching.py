@@ -5,7 +5,9 @@ The corrupted run gets the clean run's activation put in at one (position, step)
 ``restored`` = (m_patched − m_corrupted) / (m_clean − m_corrupted), m the log-probability of the target
 token at the last position: 1 = the patch alone restores the clean answer, 0 = it changes nothing.
 Many patches run as one batched forward (each batch row carries its own patch), and a patch of the
-core state s_i resumes from the cached s_i instead of recomputing the first i iterations.
+core state s_i resumes from the cached s_i instead of recomputing the first i iterations. Patches
+that put in what the base run already has (positions before the corrupted token, a shared s_0) are
+not run: they restore exactly 0 (or 1 when noising).
 """
 
 from __future__ import annotations
@@ -83,10 +85,10 @@ def _patch_hook(cells: list[tuple[int, int | None]], source: torch.Tensor, hook:
 
 
 def _batches(
-    cells: list[tuple[int, int | None]], batch_size: int, by_step: bool
+    cells: list[tuple[int, int | None]], todo: list[int], batch_size: int, by_step: bool
 ) -> list[list[int]]:
-    """Cell indices in forward-sized batches; with ``by_step`` every batch holds one step only."""
-    order = sorted(range(len(cells)), key=lambda i: cells[i][1]) if by_step else range(len(cells))
+    """The cell indices ``todo`` in forward-sized batches; with ``by_step`` one step per batch."""
+    order = sorted(todo, key=lambda i: cells[i][1]) if by_step else todo
     batches: list[list[int]] = []
     for i in order:
         last = batches[-1] if batches else None
@@ -96,6 +98,18 @@ def _batches(
         else:
             batches.append([i])
     return batches
+
+
+def _changes(
+    cell: tuple[int, int | None], source: torch.Tensor, base: torch.Tensor, hook: str
+) -> bool:
+    """Whether the patch puts in anything the base run does not already have there (positions
+    before a corrupted token, and s_0, are the same in both runs: their patches change nothing)."""
+    pos, step = cell
+    index = cached_index(hook, step)
+    a = source[0] if index is None else source[index][0]
+    b = base[0] if index is None else base[index][0]
+    return not (torch.equal(a, b) if pos < 0 else torch.equal(a[pos], b[pos]))
 
 
 def patch_states(
@@ -149,7 +163,7 @@ def patch_states(
     chosen_steps = check_steps(steps, hook_steps(model, hook, num_steps), hook)
     chosen_positions = _positions(positions, length)
 
-    with torch.no_grad():
+    with torch.inference_mode():
         init = run_init(model, length, init_scale, seed, 1)
         out_clean, cache_clean = model.run_with_cache(
             clean, num_steps=num_steps, names_filter=hook, **init
@@ -177,16 +191,18 @@ def patch_states(
         # s_i determines everything after step i: a patch of s_i resumes from the base run's
         # cached (patched) state instead of recomputing steps 1 … i
         resume = reuse_prefix and hook == "core.hook_state"
-        base_states = (cache_corr if direction == "denoising" else cache_clean)[hook]
-        patched = np.empty(len(cells))
-        batches = _batches(cells, int(batch_size), by_step=resume)
+        base_acts = (cache_corr if direction == "denoising" else cache_clean)[hook]
+        # a patch that puts in what is already there leaves the base run's log-probability
+        patched = np.full(len(cells), m_corr if direction == "denoising" else m_clean)
+        todo = [i for i, cell in enumerate(cells) if _changes(cell, source, base_acts, hook)]
+        batches = _batches(cells, todo, int(batch_size), by_step=resume)
         for index in tqdm(batches, desc="patching", disable=not progress):
             chunk = [cells[i] for i in index]
             ids = base_ids.expand(len(chunk), -1)
             if resume:
                 step = chunk[0][1]
                 mask = _cell_masks(chunk, length, source.device)[step]
-                state = torch.where(mask, source[step][0], base_states[step][0])
+                state = torch.where(mask, source[step][0], base_acts[step][0])
                 out = model(ids, num_steps=num_steps - step, init_state=state)
             else:
                 fn = _patch_hook(chunk, source, hook, length)
