@@ -4,8 +4,8 @@ The cost is counted in FLOPs from the model's shape (every matmul of a forward p
 coda once, the adapter and core block once per iteration, the head, and causal attention), and
 turned into seconds at the speed of this device measured once per (device, dtype, shape) with a
 matmul probe in the model's dtype. A forward does more than matmuls (norms, RoPE, copying the
-recorded states), so `OVERHEAD` scales the matmul time; after a real collection the app can pass
-the measured ratio instead (`estimate_seconds(..., overhead=...)`).
+recorded states), so `default_overhead` scales the matmul time; after a real collection the app
+passes the measured ratio instead (`estimate_seconds(..., overhead=...)`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ import torch
 
 from recurrent_model.config import RecurrentConfig
 
-OVERHEAD = 1.0  # forward time / matmul-probe time before any calibration (0.5–1.9 measured, README)
+# forward time / matmul-probe time before any calibration (bench/bench_app_cost.py, README): about
+# 1.1–1.3 in float32 at h >= 1024 (2.3 for the tiny default checkpoint), about 3.2 in bfloat16 on
+# a CPU, where the norms, RoPE and softmax run far below the matmul speed.
+OVERHEAD = 1.2
+HALF_CPU_OVERHEAD = 3.2
 TIME_BUDGET_S = 20.0  # default steps and seeds keep the estimated collection under this
 DEFAULT_STEPS, DEFAULT_SEEDS, MIN_STEPS = 32, 5, 4
 STEP_CHOICES = (32, 24, 16, 12, 8, 6, 4)
@@ -29,6 +33,12 @@ def layer_matmul_params(config: RecurrentConfig) -> int:
     """Weights one sandwich block multiplies by: Wqkv (h × 3h), proj (h × h), gated MLP (3 h I)."""
     h = config.n_embd
     return 4 * h * h + 3 * h * config.intermediate_size
+
+
+def default_overhead(device: str, dtype: str) -> float:
+    """The overhead to assume before a real collection calibrates it (see OVERHEAD)."""
+    half = dtype in ("bfloat16", "float16")
+    return HALF_CPU_OVERHEAD if half and torch.device(device).type == "cpu" else OVERHEAD
 
 
 def forward_flops(config: RecurrentConfig, tokens: int, num_steps: int, runs: int = 1) -> float:

@@ -59,7 +59,9 @@ def run_widgets(model, model_key: str, tokens: int) -> dict:
     device (estimated collection under ~20 s), set again whenever another model is loaded."""
     missing = "steps" not in st.session_state or "seeds" not in st.session_state
     if missing or st.session_state.get("run_defaults_for") != model_key:
-        steps, n_seeds = compute.run_defaults(model, model_key, tokens, cost_ratio(model_key))
+        steps, n_seeds = compute.run_defaults(
+            model, model_key, tokens, cost_ratio(model_key, model)
+        )
         st.session_state["steps"] = steps
         st.session_state["seeds"] = ", ".join(map(str, range(n_seeds)))
         st.session_state["run_defaults_for"] = model_key
@@ -71,9 +73,11 @@ def run_widgets(model, model_key: str, tokens: int) -> dict:
     return dict(steps=steps, seeds=seeds, scale=scale)
 
 
-def cost_ratio(model_key: str) -> float:
-    """Measured / estimated time of this model's last collection here (1 before any)."""
-    return st.session_state.get("cost_ratio", {}).get(model_key, cost.OVERHEAD)
+def cost_ratio(model_key: str, model) -> float:
+    """Measured / matmul-probe time of this model's last collection here (before any, the
+    overhead measured by bench/bench_app_cost.py for this kind of device and dtype)."""
+    fallback = cost.default_overhead(str(model.device), str(model.dtype).removeprefix("torch."))
+    return st.session_state.get("cost_ratio", {}).get(model_key, fallback)
 
 
 def prompt_length(model, raw: dict) -> int:
@@ -94,7 +98,7 @@ def collect_with_progress(model, model_key: str, run) -> object:
     """The trajectory, with a progress bar per run and iteration and the estimate beside it;
     a fresh collection calibrates later estimates (measured / estimated time)."""
     n_runs = 1 if run.init_scale == 0 else len(run.seeds)
-    ratio = cost_ratio(model_key)
+    ratio = cost_ratio(model_key, model)
     guess = compute.estimate(model, len(run.token_ids), run.num_steps, n_runs, ratio)
     what = f"{n_runs} run(s) × {run.num_steps} steps × {len(run.token_ids)} tokens"
     progress = compute.CollectProgress(what, guess)
@@ -145,7 +149,7 @@ def main() -> None:
     with shown_as_message(stop=True):
         n_runs = 1 if run.init_scale == 0 else len(run.seeds)
         guess = compute.estimate(
-            model, len(run.token_ids), run.num_steps, n_runs, cost_ratio(model_key)
+            model, len(run.token_ids), run.num_steps, n_runs, cost_ratio(model_key, model)
         )
         st.sidebar.markdown(f"Estimated collection: {guess.describe()}")
         traj = collect_with_progress(model, model_key, run)

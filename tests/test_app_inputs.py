@@ -176,6 +176,9 @@ def test_estimate_and_default_run_scaling():
         assert cost.default_run(lambda s, n, c=per_unit: c * s * n) == expected, per_unit
     with pytest.raises(ValueError, match="flops_per_second"):
         cost.estimate_seconds(config, 20, 8, 2, flops_per_second=0.0)
+    assert cost.default_overhead("cpu", "bfloat16") == cost.HALF_CPU_OVERHEAD
+    assert cost.default_overhead("cpu", "float32") == cost.OVERHEAD
+    assert cost.default_overhead("cuda:0", "bfloat16") == cost.OVERHEAD
 
 
 def _tiny_config():
