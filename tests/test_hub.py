@@ -110,3 +110,30 @@ def test_online_download_asks_for_safetensors_only(monkeypatch, tmp_path) -> Non
     assert allowed("model.safetensors.index.json") and allowed("tokenizer.json")
     for name in ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json", "raven.py"):
         assert not allowed(name), name
+
+
+def test_app_checkpoint_field_takes_a_hub_id(tmp_path, monkeypatch):
+    """The app opens a model typed as a hub id, from a cache built here, offline."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from recurrent_model.standin import fallback_model
+
+    model = fallback_model()  # carries a tokenizer, so the app can encode its prompt
+    model.config.name = "hub-standin"
+    cache, _ = _hub_cache(tmp_path, model, repo="someorg/standin")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    app = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+    at = AppTest.from_file(app, default_timeout=240).run()
+    at.text_input(key="checkpoint").set_value("someorg/standin").run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    # "someorg/standin" exists nowhere but in the hub cache: the model came through the hub
+    assert any("from `someorg/standin`" in c.value for c in at.caption)
+    at.number_input(key="steps").set_value(4)
+    at.text_input(key="seeds").set_value("0")
+    at.run()
+    assert any("4 steps" in c.value and "seeds 0" in c.value for c in at.caption)
