@@ -18,7 +18,7 @@ import yaml
 from pretrain.data.config import DataConfig
 from recurrent_model import RecurrentConfig, preset
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cpu-tiny.yaml"
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cpu-small.yaml"
 
 
 class TrainConfigError(ValueError):
@@ -267,7 +267,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML config (default: cpu-tiny.yaml) and apply ``--set`` overrides."""
+    """Read a YAML config (default: cpu-small.yaml) and apply ``--set`` overrides."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.is_file():
         raise TrainConfigError(f"config file {path} does not exist")

@@ -1,8 +1,8 @@
 """Pretrain a recurrent-depth model: ``python pretrain/launch.py [--config FILE] [--set k=v ...]
 [--out DIR] [--resume] [--max-steps N] [--nproc N] [--slurm-script] [--plan]``.
 
-With no arguments it trains pretrain/configs/cpu-tiny.yaml on the embedded starter corpus into
-runs/cpu-tiny. ``--nproc N`` re-launches as N local ranks through torchrun; under SLURM
+With no arguments it trains pretrain/configs/cpu-small.yaml on the embedded starter corpus into
+runs/cpu-small. ``--nproc N`` re-launches as N local ranks through torchrun; under SLURM
 (SLURM_PROCID set) the ranks come from SLURM's variables; ``--slurm-script`` prints the sbatch script;
 ``--plan`` prints the per-device memory plan (pretrain/plan.py) and exits 0 when the step fits.
 """
@@ -23,7 +23,7 @@ from pretrain.config import DEFAULT_CONFIG, TrainConfigError, load_config  # noq
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain/launch.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-tiny)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-small)")
     p.add_argument(
         "--set",
         dest="overrides",

@@ -26,7 +26,7 @@ from pretrain.data import DataError, load_prepared, prepare_data  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain/prepare.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-tiny)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-small)")
     p.add_argument(
         "--set",
         dest="overrides",

@@ -21,7 +21,7 @@ def test_default_config_is_cpu_tiny_and_overrides_apply():
     config = load_config(
         None, ["train.lr=3e-4", "model.overrides.n_embd=128", "train.val_depths=[1, 2]"]
     )
-    assert DEFAULT_CONFIG.name == "cpu-tiny.yaml"
+    assert DEFAULT_CONFIG.name == "cpu-small.yaml"
     assert config.train.lr == 3e-4 and isinstance(config.train.lr, float)
     assert config.model_config().n_embd == 128
     assert config.val_depths() == [1, 2]
