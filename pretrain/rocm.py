@@ -25,7 +25,7 @@ def frontier_environment(
     cache_root: str = "/tmp",
     omp_threads: int = 7,
 ) -> dict[str, str]:
-    """The environment variables the authors' Frontier launch used (pretraining.md, "Frontier").
+    """The environment variables the authors' Frontier launch used (the public training code's launch scripts).
 
     ``gdr=False`` is the switch that disables GPU-direct RDMA after hangs. Caches point at node-local
     ``cache_root`` to avoid lock contention on the shared file system.

@@ -1,4 +1,4 @@
-"""Dynamics classification per token: fixed point, orbit, slider or other (analysis.md item 3).
+"""Dynamics classification per token: fixed point, orbit, slider or other (the paper's section 7).
 
 Each token's tail (its last `tail` steps, default half the run) is measured by
 `workbench.dynamics_features` and the numbers are turned into a kind, first match wins (below).
