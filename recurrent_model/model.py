@@ -456,8 +456,13 @@ class RecurrentLM(nn.Module):
         save_pretrained(self, path)
 
     def num_parameters(self, part: str | None = None) -> int:
-        """Parameter count (tied embedding once); part in {None, "prelude", "core", "coda", ...}."""
-        module = self if part is None else getattr(self.transformer, part)
+        """Parameter count (tied embedding once) of the model or one part: "wte" (the embedding),
+        "prelude", "adapter", "core" (= "core_block", the recurrent block), "coda" or "ln_f"."""
+        names = ("wte", "prelude", "adapter", "core_block", "coda", "ln_f")
+        parts = {"core": "core_block", **{name: name for name in names}}
+        if part is not None and part not in parts:
+            raise ValueError(f"unknown part {part!r}; parts: {', '.join(parts)}")
+        module = self if part is None else getattr(self.transformer, parts[part])
         seen: set[int] = set()
         total = 0
         for p in module.parameters():

@@ -238,7 +238,9 @@ def test_published_shape_parameter_counts():
     with torch.device("meta"):
         model = rm.RecurrentLM(cfg, init_weights=False)
     assert model.num_parameters() == 3_564_976_800
-    assert model.num_parameters("core_block") == 1_581_592_320
+    assert model.num_parameters("core_block") == model.num_parameters("core") == 1_581_592_320
+    with pytest.raises(ValueError, match="unknown part"):
+        model.num_parameters("cores")
     assert sum(p.numel() for p in model.transformer.prelude[0].parameters()) == 395_398_080
 
 
