@@ -1,22 +1,36 @@
-"""Decode speed of KV-cached generation against full re-computation, in one run.
+"""Decode and prefill speed: KV-cached, compiled and the published implementation, in one run.
 
 A random model of the "small" preset: h = 256, (l_P, l_R, l_C) = (1, 2, 1), 4 heads of 64, MLP 704,
-V = 4096, r = 8; a 32-token prompt, 64 new tokens, float32, 2 threads, greedy with init_scale = 0 so
-that every method must produce the same tokens (checked). Every method runs once per round for
+V = 4096, r = 8; a 32-token prompt, 64 new tokens, 2 threads, greedy with init_scale = 0 so that
+every method must produce the same tokens (checked). Every method runs once per round for
 ``--repeats`` rounds and its best round is kept (the machines are shared); decode tokens/s counts the
 tokens after the first, from the first token's arrival to the last one's; CPU ms/token is the process
 CPU time over the same span, less sensitive to other processes than wall time.
+
+Side by side in the same run (each when its prerequisites are there):
+- ``generate(..., compile=True)`` (static-shape compiled decode, one-time compile cost printed);
+- the published implementation's ``generate_minimal`` on the same weights, run by
+  ``bench/published_runner.py`` in its own virtual environment (``--published-python``, with
+  ``transformers<4.58``) from a directory holding its ``recpre`` package (``--published-src``);
+- prefill of 4 × 256 tokens at r = 32: our cached chunk eager and compiled, the published forward,
+  and torch.mm's FLOP/s on exactly the model's matmul shapes (the fraction of the machine reached);
+- bfloat16 decode, and with ``--huginn-shape`` a few bf16 tokens of the 3.5B Huginn-0125 shape.
 
 With a trained checkpoint (``--checkpoint``, default ``checkpoints/default`` when it exists) it also
 measures speculative decoding and adaptive exit there, where drafts and exits mean something.
 
     python bench/bench_decode.py [--repeats 3] [--threads 2] [--checkpoint DIR]
+        [--published-python /tmp/pubvenv/bin/python --published-src /tmp/pubsrc] [--huginn-shape]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -28,6 +42,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 import torch  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
+from recurrent_model.cached_forward import CachedForward  # noqa: E402
+from recurrent_model.compiled import CompiledDecode  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_forward import attention_flops, matmul_shapes, matmul_time  # noqa: E402
 
 PROMPT, NEW, STEPS = 32, 64, 8
 Result = tuple[
@@ -117,12 +136,175 @@ def bench_checkpoint(path: str, repeats: int) -> None:
     print_table(results, base, results[base][3].sequences)
 
 
+class Published:
+    """The published ``generate_minimal`` on our model's weights, in its own virtual environment."""
+
+    def __init__(self, python: str, src: str, model: rm.RecurrentLM, ids: torch.Tensor,
+                 threads: int) -> None:  # fmt: skip
+        from safetensors.torch import save_file
+
+        cfg = model.config
+        self.dir = tempfile.mkdtemp(prefix="published-bench-")
+        weights = os.path.join(self.dir, "model.safetensors")
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        save_file(state, weights)
+        self.python = python
+        self.request = {
+            "src": src, "weights": weights, "ids": ids.tolist(), "new": NEW, "steps": STEPS,
+            "threads": threads, "repeats": 1, "prefill": None,
+            "config": {
+                "n_embd": cfg.n_embd, "n_heads": cfg.n_heads, "n_layers": cfg.n_layers,
+                "block_size": cfg.block_size, "vocab_size": cfg.vocab_size,
+                "padding_multiple": cfg.padding_multiple,
+                "intermediate_size": cfg.intermediate_size,
+                "n_layers_in_recurrent_block": cfg.n_layers_in_recurrent_block,
+                "n_layers_in_prelude": cfg.n_layers_in_prelude,
+                "n_layers_in_coda": cfg.n_layers_in_coda, "mean_recurrence": cfg.mean_recurrence,
+                "mean_backprop_depth": cfg.mean_backprop_depth, "rope_base": cfg.rope_base,
+                "norm_eps": cfg.norm_eps,
+            },
+        }  # fmt: skip
+
+    def run(self, prefill: list[int] | None = None) -> dict:
+        request = {**self.request, "prefill": prefill}
+        runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published_runner.py")
+        out = subprocess.run([self.python, runner, json.dumps(request)], capture_output=True,
+                             text=True, check=False, env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"published runner failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def decode(self) -> Result:
+        d = self.run()["decode"]
+        return d["total"], d["rate"], d["cpu_ms"], torch.tensor(d["tokens"])
+
+
+def compiled_generate(model: rm.RecurrentLM, ids: torch.Tensor, steps: int = STEPS) -> Result:
+    return timed_generate(model, ids, steps, compile=True)
+
+
+def prefill_seconds(model: rm.RecurrentLM, ids: torch.Tensor, steps: int, compiled: bool,
+                    repeats: int) -> float:  # fmt: skip
+    """Best time of one cached chunk over the whole prompt (what generate's prefill runs)."""
+    B, T = ids.shape
+    cache = rm.KVCache(model.config, B, T, steps, device=model.device, dtype=model.dtype)
+    runner = CachedForward(model, cache)
+    decode = CompiledDecode(model, cache, steps) if compiled else None
+    state = torch.zeros(B, T, model.config.n_embd, dtype=model.dtype)
+
+    def once() -> None:
+        if decode is not None:
+            decode(ids, 0, state)
+            return
+        runner.begin(0, T)
+        e = runner.prelude(ids)
+        s = state
+        for i in range(1, steps + 1):
+            s = runner.core_step(s, e, i)
+        runner.coda(s, last_only=True)
+
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first call warms up (and compiles)
+            t0 = time.perf_counter()
+            once()
+            times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+
+def bench_prefill(model: rm.RecurrentLM, published: Published | None, repeats: int) -> None:
+    """4 × 256 tokens at r = 32: ours eager / compiled, published, torch.mm on the same shapes."""
+    B, T, r = 4, 256, 32
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(3))
+    eager = prefill_seconds(model, ids, r, False, repeats)
+    t0 = time.perf_counter()
+    compiled = prefill_seconds(model, ids, r, True, repeats)
+    print(f"\nprefill {B} x {T} tokens at r={r} (compile + {repeats + 1} runs: "
+          f"{time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    pub = published.run([B, T, r])["prefill_s"] if published is not None else None
+    mm_s, mm_flops = matmul_time(matmul_shapes(cfg, B * T, r), repeats)
+    flops = mm_flops + B * attention_flops(cfg, T, r)
+    mm_rate = mm_flops / mm_s
+    rows = [("ours, cached chunk (eager)", eager), ("ours, compiled", compiled)]
+    if pub is not None:
+        rows.append(("published forward", pub))
+    print(f"{'method':32} {'s':>7} {'tok/s':>8} {'vs published':>12} {'of matmul FLOP/s':>16}")
+    for name, sec in rows:
+        vs = f"{pub / sec:11.2f}x" if pub is not None else f"{'-':>12}"
+        print(f"{name:32} {sec:7.3f} {B * T / sec:8.0f} {vs} {flops / sec / mm_rate:16.1%}")
+    print(f"torch.mm on the model's matmul shapes: {mm_rate / 1e9:.1f} GFLOP/s")
+
+
+def bench_dtype(model: rm.RecurrentLM, ids: torch.Tensor, repeats: int) -> None:
+    """Greedy decode in bfloat16: eager cached and compiled."""
+    bf = rm.RecurrentLM(model.config).eval()
+    bf.load_state_dict(model.state_dict())
+    bf = bf.to(torch.bfloat16)
+    methods = {"bfloat16 KV cache": lambda: timed_generate(bf, ids),
+               "bfloat16 compiled": lambda: compiled_generate(bf, ids)}  # fmt: skip
+    t0 = time.perf_counter()
+    compiled_generate(bf, ids)  # compile outside the timed rounds
+    print(f"\nbfloat16 (compile {time.perf_counter() - t0:.0f} s)")
+    results = best_interleaved(repeats, methods)
+    print_table(results, "bfloat16 KV cache", results["bfloat16 KV cache"][3].sequences)
+
+
+def bench_huginn_shape(tokens: int) -> None:
+    """A few bf16 tokens of a random model of the 3.5B Huginn-0125 shape, eager and compiled."""
+    cfg = rm.preset("huginn-0125")
+    with torch.device("meta"):
+        model = rm.RecurrentLM(cfg, init_weights=False)
+    model = model.to_empty(device="cpu").to(torch.bfloat16).eval()
+    model.lm_head.weight = model.transformer.wte.weight
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.bfloat16) * 0.02)
+    ids = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
+    steps = cfg.mean_recurrence
+    print(f"\nHuginn-0125 shape ({model.num_parameters() / 1e9:.2f}B parameters, random), bf16, "
+          f"r={steps}, 8-token prompt, {tokens} new tokens, {torch.get_num_threads()} threads")  # fmt: skip
+    for compile in (False, True):
+        t0 = time.perf_counter()
+        out = model.generate(ids, tokens, num_steps=steps, init_scale=0.0, stop_tokens=(),
+                             compile=compile, return_details=True)  # fmt: skip
+        total = time.perf_counter() - t0
+        name = "compiled" if compile else "eager"
+        print(f"{name:9} {total:7.1f} s for prompt + {tokens} tokens "
+              f"(compile {out.compile_seconds:.0f} s) -> {out.sequences[0, 8:].tolist()}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--checkpoint", default="checkpoints/default")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--published-python",
+        default=os.environ.get("PUBLISHED_PYTHON"),
+        help="python of a venv with transformers<4.58 (published implementation)",
+    )
+    parser.add_argument(
+        "--published-src",
+        default=os.environ.get("PUBLISHED_SRC"),
+        help="directory holding the published recpre package",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only re-computation, KV cache, compiled and published decode",
+    )
+    parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--no-bf16", action="store_true")
+    parser.add_argument(
+        "--huginn-shape",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="also decode TOKENS bf16 tokens of the 3.5B shape (about 8 GB)",
+    )
+    args = parser.parse_args()  # fmt: skip
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     torch.manual_seed(0)
@@ -130,32 +312,55 @@ def main() -> None:
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT),
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
     timed_generate(model, ids)  # warm-up
-    variants = {
-        "KV cache, fast path": {},
-        "KV cache, cache_budget=4": {"cache_budget": 4},
-        "speculative, draft 4 / lookahead 4": {"draft_steps": 4, "lookahead": 4},
-        "speculative, draft 2 / lookahead 8": {"draft_steps": 2, "lookahead": 8},
-        "adaptive exit kl 5e-4": {"exit_criterion": "kl"},
-        "adaptive exit latent-diff 0.03": {"exit_criterion": "latent-diff"},
-    }
-    methods: dict[str, Callable[[], Result]] = {
-        "full re-computation (no cache)": lambda: recompute(model, ids)
-    }
+    t0 = time.perf_counter()
+    first = compiled_generate(model, ids)[3]
+    print(f"one-time compile of the decode step and the {PROMPT - 1}-token prefill: "
+          f"{first.compile_seconds:.1f} s (first compiled generate call {time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    published = None
+    if args.published_python and args.published_src:
+        published = Published(args.published_python, args.published_src, model, ids, args.threads)
+    variants = {"KV cache, fast path": {}}
+    if not args.quick:
+        variants.update({
+            "KV cache, cache_budget=4": {"cache_budget": 4},
+            "speculative, draft 4 / lookahead 4": {"draft_steps": 4, "lookahead": 4},
+            "speculative, draft 2 / lookahead 8": {"draft_steps": 2, "lookahead": 8},
+            "adaptive exit kl 5e-4": {"exit_criterion": "kl"},
+            "adaptive exit minp-kl 1e-5": {"exit_criterion": "minp-kl"},
+            "adaptive exit latent-diff 0.03": {"exit_criterion": "latent-diff"},
+        })  # fmt: skip
+    methods: dict[str, Callable[[], Result]] = {}
+    if published is not None:
+        methods["published generate_minimal"] = published.decode
+    methods["full re-computation (no cache)"] = lambda: recompute(model, ids)
     methods.update(
         {n: (lambda kw=kw: timed_generate(model, ids, **kw)) for n, kw in variants.items()}
     )
-    methods["KV cache, model layers (hook attached)"] = lambda: with_hook(model, ids)
+    methods["KV cache, compiled (compile=True)"] = lambda: compiled_generate(model, ids)
+    if not args.quick:
+        methods["KV cache, model layers (hook attached)"] = lambda: with_hook(model, ids)
     results = best_interleaved(args.repeats, methods)
 
     print(f"decode benchmark: h=256 (1,2,1) r={STEPS}, V=4096, prompt {PROMPT}, {NEW} new tokens, "
           f"float32, {args.threads} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
           f"best of {args.repeats} interleaved rounds; load average at start {load0:.1f}, at end "
           f"{os.getloadavg()[0]:.1f}; cpu = process CPU time (all threads) per decoded token")  # fmt: skip
-    base = "full re-computation (no cache)"
-    print_table(results, base, results[base][3])
+    base = (
+        "published generate_minimal" if published is not None else "full re-computation (no cache)"
+    )
+    print(f"speed-up relative to: {base}; 'same' = identical tokens to full re-computation")
+    print_table(results, base, results["full re-computation (no cache)"][3])
     kb = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS).memory_bytes
     kb4 = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS, 4).memory_bytes
     print(f"KV cache memory: full {kb / 2**20:.2f} MiB, budget 4: {kb4 / 2**20:.2f} MiB")
+    if not args.no_prefill:
+        bench_prefill(model, published, args.repeats)
+    if not args.no_bf16:
+        bench_dtype(model, ids, args.repeats)
+    if args.huginn_shape:
+        bench_huginn_shape(args.huginn_shape)
+    if args.quick:
+        return
     if os.path.isdir(args.checkpoint):
         bench_checkpoint(args.checkpoint, args.repeats)
     else:

@@ -1,17 +1,20 @@
-"""Fixed-depth decoding through a static-shape sandwich block compiled with torch.compile.
+"""Fixed-depth decoding through static-shape functions compiled with torch.compile.
 
-One compiled function, the :func:`recurrent_model.functional.sandwich_block` over one KV-cache slot,
-serves every layer call of a chunk (prelude, each core layer at each iteration, coda): weights, cache
-slot, positions and mask are its inputs, so it compiles once per chunk shape (one decode token, one
-prompt prefill) and not once per layer. Every tensor shape is static: keys and values are written
-into the whole preallocated slot with ``index_copy_`` at the chunk's positions and attention reads
-all ``max_length`` positions under a mask. Inductor fuses the element-wise work (norms, RoPE, SiLU,
-residual adds) on the CPU; on a CUDA (or ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA
-graphs, for which the cache storage is kept at one static address per model and shape. The
-embedding, the adapter and the head run eagerly between the compiled calls.
+Both call the :mod:`recurrent_model.functional` layers over a KV-cache slot that has a static shape:
+keys and values are written into the whole preallocated slot with ``index_copy_`` at the chunk's
+positions and attention reads all ``max_length`` positions under a mask.
 
-The first call for a new shape pays the compile (seconds to minutes on a small shared CPU); later
-calls with the same shapes reuse it. ``compile_seconds`` reports what a call paid.
+- A decode step (one token per row) is one compiled graph: embedding, prelude, ``num_steps`` core
+  iterations, coda and head, so a token costs one call instead of ~25 torch calls per layer.
+- A prompt prefill calls one compiled sandwich block per layer (weights, slot, positions and mask
+  are its inputs, so one graph serves every layer and prompt length); at prompt lengths the matmuls
+  dominate, and the block compiles in seconds where a whole prefill graph takes minutes.
+
+Inductor fuses the element-wise work (norms, RoPE, SiLU, residual adds, the cache write) on the CPU;
+on a CUDA (or ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache
+storage is kept at one static address per model and shape. The first call for a new shape pays the
+compile (about a minute for the small preset's decode step on a loaded 2-core machine); later calls
+with the same shapes, depth and cache budget reuse it. ``compile_seconds`` reports what a call paid.
 """
 
 from __future__ import annotations
@@ -81,9 +84,35 @@ def _block(
     return fn.sandwich_block(x, weights, rope, eps, _StaticSlot(kv, positions, mask))
 
 
-def _decode_block(*args: Any) -> torch.Tensor:
-    """:func:`_block` for single-token chunks (its own compile cache: one static graph)."""
-    return _block(*args)
+def _decode_token(
+    model: RecurrentLM,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    rope: torch.Tensor,
+    state: torch.Tensor,
+    slots: tuple[torch.Tensor, ...],
+    mask: torch.Tensor,
+    num_steps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 logits (B, 1, V), latents ln_f(s_r)) of one token per row: the whole forward.
+
+    ``slots`` holds the cache slot of every layer call in order (prelude, core per step, coda): views
+    passed one by one, so that each write touches its slot only.
+    """
+    t, eps = model.transformer, model.config.norm_eps
+    calls = iter(slots)
+
+    def layers(x: torch.Tensor, blocks) -> torch.Tensor:
+        for block in blocks:
+            x = _block(x, block.weights(), rope, eps, next(calls), positions, mask)
+        return x
+
+    e = layers(fn.embed(ids, t.wte.weight, model.emb_scale), t.prelude)
+    for _ in range(num_steps):
+        state = layers(fn.adapter(state, e, t.adapter.weight), t.core_block)
+    latents = fn.rms_norm(state, t.ln_f.weight, eps)
+    x = layers(latents, t.coda)
+    return fn.lm_head(x, t.ln_f.weight, model.lm_head.weight, eps), latents
 
 
 def _prefill_block(*args: Any) -> torch.Tensor:
@@ -94,13 +123,13 @@ def _prefill_block(*args: Any) -> torch.Tensor:
 def _compiled(which: str, mode: str | None) -> Any:
     key = f"{which}-{mode}"
     if key not in _COMPILED:
-        target, dynamic = (_decode_block, False) if which == "decode" else (_prefill_block, None)
+        target, dynamic = (_decode_token, False) if which == "decode" else (_prefill_block, None)
         _COMPILED[key] = torch.compile(target, mode=mode, dynamic=dynamic, fullgraph=True)
     return _COMPILED[key]
 
 
 class CompiledDecode:
-    """Fixed-depth chunks of ``model`` over ``cache``, every layer through the compiled block."""
+    """Fixed-depth chunks of ``model`` over ``cache``: compiled decode token, per-layer prefill."""
 
     def __init__(
         self, model: RecurrentLM, cache: KVCache, num_steps: int, mode: str | None = None
@@ -117,6 +146,13 @@ class CompiledDecode:
             for step in range(1, num_steps + 1)
         ]
         self.coda = [(b.weights(), slots[cache.physical(k - n_coda)]) for k, b in enumerate(t.coda)]
+        self.slot_indices = tuple(
+            [cache.physical(i) for i in range(len(t.prelude))]
+            + [cache.core_slot(step, j) for step in range(1, num_steps + 1)
+               for j in range(cache.n_core)]
+            + [cache.physical(k - n_coda) for k in range(n_coda)]
+        )  # fmt: skip
+        self.slot_views = tuple(slots[i] for i in self.slot_indices)
         self.compile_seconds = 0.0
 
     def __call__(
@@ -135,12 +171,29 @@ class CompiledDecode:
             mask = mask[None, None]
         else:  # pad queries attend to themselves only, so that no row of the softmax is empty
             mask = (mask & c.key_valid[:, None, None, :]) | (key_pos == positions[:, None])
-        block = _compiled("decode" if T == 1 else "prefill", self.mode)
         if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
             torch.compiler.cudagraph_mark_step_begin()
         seen = _SEEN.setdefault(m, set())
         shape_key = (T == 1 or T, B, c.max_length, c.key_valid is None, m.dtype, self.mode)
+        if T == 1:
+            shape_key += (self.slot_indices,)
         t0 = time.perf_counter()
+        if T == 1:
+            logits, latents = _compiled("decode", self.mode)(
+                m,
+                ids.reshape(-1).clone().view(B, 1),
+                positions,
+                rope,
+                state,
+                self.slot_views,
+                mask,
+                self.num_steps,
+            )
+            if shape_key not in seen:
+                seen.add(shape_key)
+                self.compile_seconds += time.perf_counter() - t0
+            return logits, latents
+        block = _compiled("prefill", self.mode)
 
         def layers(x: torch.Tensor, blocks: list) -> torch.Tensor:
             for weights, kv in blocks:
@@ -155,5 +208,4 @@ class CompiledDecode:
             state = layers(fn.adapter(state, e, t.adapter.weight), step_blocks)
         latents = fn.rms_norm(state, t.ln_f.weight, eps)
         x = layers(latents, self.coda)[:, -1:]
-        logits = fn.lm_head(x, t.ln_f.weight, m.lm_head.weight, eps)
-        return logits, latents
+        return fn.lm_head(x, t.ln_f.weight, m.lm_head.weight, eps), latents

@@ -145,11 +145,14 @@ class _Run:
         cache_steps = max(settings.max_steps, settings.draft_steps or 1)
         fixed_depth = settings.criterion is None and settings.draft_steps is None
         compile = compile and fixed_depth and not model.has_hooks()
-        shape = KVCache.shape_for(model.config, B, T + max_new_tokens, cache_steps, cache_budget)
+        length = T + max_new_tokens
+        if compile:  # static shapes: round up so that nearby lengths share one compiled graph
+            length = min(model.config.block_size, -(-length // 64) * 64)
+        shape = KVCache.shape_for(model.config, B, length, cache_steps, cache_budget)
         self.cache = KVCache(
             model.config,
             B,
-            T + max_new_tokens,
+            length,
             cache_steps,
             cache_budget,
             model.device,

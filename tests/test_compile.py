@@ -35,7 +35,7 @@ def test_compiled_decode_gives_the_eager_tokens():
     ids = torch.randint(
         0, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
     )
-    kw = dict(num_steps=3, stop_tokens=(), return_details=True, output_scores=True)
+    kw = dict(num_steps=2, stop_tokens=(), return_details=True, output_scores=True)
     eager = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), **kw)
     compiled = model.generate(
         ids, 5, generator=torch.Generator().manual_seed(2), compile=True, **kw
