@@ -7,10 +7,11 @@ nothing is gathered on one rank, nothing is pickled, and a run resumes on any nu
                                               ranks' shards (large models: an index and
                                               model-0000i-of-0000N.safetensors files of ~1 GiB,
                                               written in parallel by up to N ranks)
-        optimizer/shard-0000R-model-00001-of-00001.safetensors
+        optimizer/shard-0000R-model-00002-of-00002.safetensors
                                               rank R's shards of the Adam moments and step counts
                                               (DCP's Hugging Face layout: safetensors with the
-                                              shard offsets in each file's JSON header)
+                                              shard offsets in each file's JSON header; file 1 of
+                                              each rank held its model shards until consolidation)
         trainer_state.json                    step, counters, schedule, config, world size, every
                                               rank's data position and RNG states
     DIR/checkpoints/latest                    the name of the newest complete checkpoint
@@ -206,16 +207,28 @@ class CheckpointManager:
 
 
 # Writing ----------------------------------------------------------------------------------------
+MODEL_FILE_INDEX, OPTIMIZER_FILE_INDEX = 1, 2
+
+
 def write_shards(
-    tensors: dict[str, torch.Tensor],
+    model: dict[str, torch.Tensor],
+    optimizer: dict[str, torch.Tensor],
+    optimizer_keys: Iterable[str],
     directory: Path,
     process_group: Any = None,
     asynchronous: bool = False,
 ) -> Any:
-    """Every rank writes its own pieces of ``tensors`` (same keys on every rank, DTensor shards or
-    replicated tensors) into ``directory`` through DCP's safetensors writer. Collective. Returns
-    the future of ``dcp.async_save`` when ``asynchronous``, else None."""
-    writer = dcp.HuggingFaceStorageWriter(str(directory), save_distributed=True)
+    """Every rank writes its own pieces of the model and optimizer tensors (DTensor shards, or
+    replicated tensors that DCP writes once) into ``directory`` through DCP's safetensors writer,
+    in one DCP save: per rank one file of model shards and one of optimizer shards.
+    ``optimizer_keys`` are the optimizer keys of all ranks (ZeRO-1 ranks hold different ones).
+    Collective. Returns the future of ``dcp.async_save`` when ``asynchronous``, else None."""
+    files = {k: MODEL_FILE_INDEX for k in model}
+    files.update({k: OPTIMIZER_FILE_INDEX for k in optimizer_keys})
+    writer = dcp.HuggingFaceStorageWriter(
+        str(directory), fqn_to_index_mapping=files, save_distributed=True
+    )
+    tensors = {**model, **optimizer}
     if asynchronous:
         return dcp.async_save(tensors, storage_writer=writer, process_group=process_group)
     dcp.save(tensors, storage_writer=writer, process_group=process_group)
@@ -253,6 +266,13 @@ def consolidate_model(
     )
 
 
+def keep_optimizer_shards(shards: Path, directory: Path) -> None:
+    """After consolidation: drop the model shard files, keep the optimizer's as ``directory``."""
+    for path in shards.glob(f"*-model-{MODEL_FILE_INDEX:05d}-of-*.safetensors"):
+        path.unlink()
+    os.replace(shards, directory)
+
+
 def single_file_layout(directory: Path, plan: dict[str, int]) -> None:
     """One consolidated file becomes ``model.safetensors`` without an index (the shipped layout)."""
     from torch.distributed.checkpoint._hf_utils import _gen_file_name
@@ -284,7 +304,7 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def saved_keys(directory: Path) -> dict[str, tuple[int, ...]]:
     """Key -> full shape of every tensor a DCP safetensors directory holds (headers only)."""
-    if not directory.is_dir():
+    if not directory.is_dir() or not any(directory.glob("*.safetensors")):
         return {}
     metadata = dcp.HuggingFaceStorageReader(str(directory)).read_metadata()
     return {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items()}

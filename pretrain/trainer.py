@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from .checkpointing import (
     capture_rng,
     consolidate_model,
     consolidation_plan,
+    keep_optimizer_shards,
     load_model_shards,
     load_optimizer_shards,
     model_tensors,
@@ -454,16 +454,19 @@ class Trainer:
                 self.model.tokenizer.save(staging / "tokenizer.json")
         self.ctx.barrier()
         asynchronous = self.config.distributed.async_checkpoint and self.ctx.distributed
+        optimizer = optimizer_tensors(local_optimizer(self.optimizer), self.names)
+        all_keys = sorted(
+            {k for keys in self.ctx.all_gather_object(sorted(optimizer)) for k in keys}
+        )
         futures = [
             write_shards(
-                model_tensors(self.model), staging / "model-shards", self.ckpt_group, asynchronous
-            ),
-            write_shards(
-                optimizer_tensors(local_optimizer(self.optimizer), self.names),
-                staging / OPTIMIZER_DIR,
+                model_tensors(self.model),
+                optimizer,
+                all_keys,
+                staging / "shards",
                 self.ckpt_group,
                 asynchronous,
-            ),
+            )
         ]
         state = {
             "step": self.step,
@@ -494,13 +497,13 @@ class Trainer:
             return None
         pending, self._pending = self._pending, None
         staging, state = pending["staging"], pending["state"]
-        shards = staging / "model-shards"
+        shards = staging / "shards"
         plan = consolidation_plan(self.model, self.ctx.world_size)
         consolidate_model(shards, staging, plan, self.ckpt_group)
         self.ctx.barrier()
         path = None
         if self.ctx.is_main:
-            shutil.rmtree(shards)
+            keep_optimizer_shards(shards, staging / OPTIMIZER_DIR)
             single_file_layout(staging, plan)
             write_state_json(staging, state)
             path = self.checkpoints.publish(staging, state["step"])

@@ -1,0 +1,288 @@
+"""Sharded strategies and DCP checkpoints over gloo: hsdp (4 ranks as 2 "nodes" × 2) trains like DDP;
+an fsdp run saved on 3 ranks resumes on 2 and back on 3 with exactly the saved weights and moments and
+continues like the straight run; kill -9 during an asynchronous save leaves ``latest`` loadable; no
+checkpoint file is a pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from test_train_pipeline import REPO, write_config, write_corpus
+
+import recurrent_model
+from pretrain.checkpointing import OPTIMIZER_DIR, read_state
+
+# Loaded by every rank through PYTHONPATH (sitecustomize): rank 0 writes the full weights and
+# optimizer state at the start of Trainer.run (right after a resume) and at its end; with
+# SLOW_CHECKPOINT set, the background writer of that checkpoint stalls after touching a marker.
+RECORDER = r"""
+import os
+if "RANK" in os.environ and os.environ.get("DCP_TEST_OUT"):
+    import time
+    import torch
+    from safetensors.torch import save_file
+    import pretrain.trainer as tr
+    from pretrain.distributed import local_optimizer
+
+    def full(t):
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+    def dump(self, tag):
+        params = {k: full(v) for k, v in self.model.state_dict().items() if k != "lm_head.weight"}
+        optim = {}
+        for p, state in local_optimizer(self.optimizer).state.items():
+            for key, value in state.items():
+                optim[f"{self.names[id(p)]}.{key}"] = full(value)
+        if self.ctx.rank == 0:
+            out = os.environ["DCP_TEST_OUT"]
+            save_file(params, os.path.join(out, f"{tag}_params.safetensors"))
+            save_file(optim, os.path.join(out, f"{tag}_optim.safetensors"))
+
+    _run = tr.Trainer.run
+    def _recording_run(self):
+        dump(self, "start")
+        result = _run(self)
+        dump(self, "end")
+        return result
+    tr.Trainer.run = _recording_run
+
+    slow = os.environ.get("SLOW_CHECKPOINT")
+    if slow:
+        import torch.distributed.checkpoint as dcp
+        _write = dcp.HuggingFaceStorageWriter.write_data
+        def _slow_write(self, plan, planner):
+            if slow in str(self.path):
+                open(os.environ["SLOW_MARKER"], "w").close()
+                time.sleep(300)
+            return _write(self, plan, planner)
+        dcp.HuggingFaceStorageWriter.write_data = _slow_write
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dcp")
+    write_corpus(root / "corpus", docs=240)
+    (root / "site").mkdir()
+    (root / "site" / "sitecustomize.py").write_text(RECORDER)
+    config = write_config(
+        root / "tiny.yaml",
+        root / "corpus",
+        root / "data",
+        max_steps=6,
+        micro_batch_size=1,
+        checkpoint_every=2,
+        keep_last=5,
+        health_every=100,
+        val_every=100,
+        val_batches=1,
+        warmup_steps=1,
+    )
+    return root, config
+
+
+def launch(
+    root: Path,
+    config: Path,
+    out: Path,
+    nproc: int,
+    *overrides: str,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+) -> subprocess.Popen | None:
+    out.mkdir(parents=True, exist_ok=True)
+    full_env = dict(
+        os.environ,
+        PYTHONPATH=f"{root / 'site'}{os.pathsep}{REPO}",
+        DCP_TEST_OUT=str(out),
+        PRETRAIN_PEAK_FLOPS="1e11",
+        **(env or {}),
+    )
+    cmd = [sys.executable, "pretrain/launch.py", "--config", str(config), "--out", str(out)]
+    cmd += ["--nproc", str(nproc), *extra]
+    for o in overrides:
+        cmd += ["--set", o]
+    if not wait:
+        return subprocess.Popen(
+            cmd,
+            env=full_env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    proc = subprocess.run(cmd, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return None
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def read_sharded(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP safetensors directory, assembled from all ranks' shards (one process)."""
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.HuggingFaceStorageReader(str(directory)).read_metadata()
+    out = {
+        k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for k, m in meta.state_dict_metadata.items()
+    }
+    dcp.load(out, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))
+    return out
+
+
+def assert_equal_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def resume_copy(source: Path, step: int, target: Path) -> None:
+    """A run directory holding ``source``'s checkpoint ``step`` as its latest."""
+    name = f"step-{step:07d}"
+    (target / "checkpoints").mkdir(parents=True)
+    shutil.copytree(source / "checkpoints" / name, target / "checkpoints" / name)
+    (target / "checkpoints" / "latest").write_text(name + "\n")
+    lines = (source / "metrics.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    (target / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+
+
+def test_hsdp_two_nodes_of_two_trains_like_ddp(tiny):
+    root, config = tiny
+    common = ("--set", "train.max_steps=3")
+    launch(root, config, root / "ddp4", 4, "distributed.strategy=ddp", extra=common)
+    launch(
+        root,
+        config,
+        root / "hsdp4",
+        4,
+        "distributed.strategy=hsdp",
+        "distributed.shard_size=2",
+        extra=common,
+    )
+    ddp = load_file(root / "ddp4" / "end_params.safetensors")
+    hsdp = load_file(root / "hsdp4" / "end_params.safetensors")
+    assert ddp.keys() == hsdp.keys()
+    for key in ddp:  # atan2 without ε turns rounding in near-zero moments into ~1e-6 differences
+        torch.testing.assert_close(hsdp[key], ddp[key], rtol=1e-4, atol=1e-5)
+    assert list(losses(root / "hsdp4").values()) == pytest.approx(
+        list(losses(root / "ddp4").values()), rel=1e-5
+    )
+    state = read_state(root / "hsdp4" / "checkpoints" / "step-0000003")
+    assert state["world_size"] == 4 and state["strategy"] == "hsdp"
+
+
+def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
+    root, config = tiny
+    fsdp = "distributed.strategy=fsdp"
+    straight = root / "fsdp3"
+    launch(root, config, straight, 3, fsdp)  # qk_bias has 2 rows: one rank holds empty shards
+    resume_copy(straight, 2, root / "on2")
+    launch(root, config, root / "on2", 2, fsdp, extra=("--resume", "--max-steps", "4"))
+    resume_copy(root / "on2", 4, root / "on3")
+    launch(root, config, root / "on3", 3, fsdp, extra=("--resume",))
+
+    for run, source in ((root / "on2", straight), (root / "on3", root / "on2")):
+        saved = source / "checkpoints" / ("step-0000002" if run.name == "on2" else "step-0000004")
+        # Each new rank read exactly the saved weights and moments, whatever wrote them.
+        assert_equal_tensors(
+            load_file(run / "start_params.safetensors"), load_file(saved / "model.safetensors")
+        )
+        assert_equal_tensors(
+            load_file(run / "start_optim.safetensors"), read_sharded(saved / OPTIMIZER_DIR)
+        )
+        assert (
+            len(list((saved / OPTIMIZER_DIR).glob("*.safetensors")))
+            == read_state(saved)["world_size"]
+        )
+    # The same weights and moments on fewer or more ranks, with the rows dealt anew: the losses
+    # continue those of the straight run within the batch-to-batch spread of this tiny corpus.
+    a, b, c = losses(straight), losses(root / "on2"), losses(root / "on3")
+    assert sorted(b) == [1, 2, 3, 4] and sorted(c) == [1, 2, 3, 4, 5, 6]
+    for step in (3, 4):
+        assert b[step] == pytest.approx(a[step], rel=0.05)
+    for step in (5, 6):
+        assert c[step] == pytest.approx(a[step], rel=0.05)
+    end_a = load_file(straight / "end_params.safetensors")
+    end_c = load_file(root / "on3" / "end_params.safetensors")
+    for key in end_a:  # 4 updates of lr 3e-3 after the resume: close, not equal
+        torch.testing.assert_close(end_c[key], end_a[key], rtol=0, atol=2e-2)
+    model = recurrent_model.load_model(root / "on3" / "checkpoints" / "step-0000006")
+    assert model.config.n_embd == 32
+    for run in (straight, root / "on2", root / "on3"):
+        assert_no_pickle(run / "checkpoints")
+
+
+def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path):
+    root, config = tiny
+    run = tmp_path / "async"
+    marker = tmp_path / "writing"
+    proc = launch(
+        root,
+        config,
+        run,
+        2,
+        "distributed.strategy=fsdp",
+        "distributed.async_checkpoint=true",
+        env={"SLOW_CHECKPOINT": ".step-0000004.tmp-", "SLOW_MARKER": str(marker)},
+        wait=False,
+    )
+    assert proc is not None
+    deadline = time.monotonic() + 240
+    metrics = run / "metrics.jsonl"
+    # Training goes on while the step-4 shards are being written in the background.
+    while not (
+        marker.exists() and metrics.is_file() and len(metrics.read_text().splitlines()) >= 5
+    ):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"the run ended or stalled early:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-0000002"
+    assert not (ckpts / "step-0000004").exists()
+    assert any(p.name.startswith(".step-0000004.tmp-") for p in ckpts.iterdir())
+    latest = ckpts / "step-0000002"
+    assert read_state(latest)["step"] == 2
+    assert recurrent_model.load_model(latest).config.n_embd == 32
+    assert_no_pickle(ckpts)
+
+
+PICKLE_PROTOCOL_MARKERS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+def assert_no_pickle(directory: Path) -> None:
+    """Every file is JSON, a tokenizer, or a safetensors file (8-byte header length, JSON header,
+    raw tensor bytes); none is a pickle or a torch.save zip."""
+    files = [p for p in directory.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        head = path.read_bytes()[:8]
+        assert not head.startswith(PICKLE_PROTOCOL_MARKERS) and not head.startswith(b"PK"), path
+        if path.suffix == ".safetensors":
+            with safe_open(path, framework="pt") as f:
+                list(f.keys())
+        elif path.name == "latest":
+            assert path.read_text().strip().startswith("step-")
+        else:
+            assert path.suffix == ".json", path
+            json.loads(path.read_text())
