@@ -148,6 +148,15 @@ def umap(_traj, key: TrajKey) -> np.ndarray:
     return coords
 
 
+@st.cache_data(
+    max_entries=8, show_spinner="Fitting AlignedUMAP (numba compiles for minutes the first time) …"
+)
+def aligned_umap(_traj, key: TrajKey, position: int) -> list[np.ndarray]:
+    """One token's trajectories of every run as aligned UMAP embeddings (steps + 1, 2) each."""
+    coords, _ = workbench.aligned_umap([_traj.states[k][:, position] for k in range(_traj.n_runs)])
+    return coords
+
+
 @st.cache_data(max_entries=16, show_spinner=False)
 def convergence(_traj, key: TrajKey) -> pd.DataFrame:
     return workbench.convergence(_traj.states[0], tokens=_traj.tokens)

@@ -154,6 +154,14 @@ def path_independence_view(ctx: Context) -> None:
             coords, position, PC_PAIRS[pair], ctx.traj.seeds, ctx.traj.tokens
         )
         chart(fig, "seed_overlay")
+    if st.toggle(
+        "Aligned UMAP of this token across seeds (slow: numba compiles the first time)",
+        key="pi_aligned",
+    ):
+        embeddings = compute.aligned_umap(ctx.traj, ctx.key, position)
+        names = [f"seed {s}" for s in ctx.traj.seeds]
+        fig = figures.aligned_embeddings_figure(embeddings, names, f"token {ctx.labels[position]}")
+        chart(fig, "aligned_umap")
     attractor = compute.attractor_distance(ctx.traj, ctx.key)
     st.dataframe(attractor, hide_index=True, key="pi_attractor")
     table_download(spread, "path_independence")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -233,3 +234,41 @@ def test_app_scales_defaults_to_the_device_and_shows_the_estimate(monkeypatch):
             assert (steps, len(seeds.split(","))) < (32, 5)
             assert any(f"{steps} steps" in c.value for c in at.caption)
     st.cache_data.clear()
+
+
+class _FakeAlignedUMAP:
+    """Stands in for umap.AlignedUMAP (a real fit takes minutes here): first two PCs."""
+
+    def __init__(self, n_components=2, **kwargs):
+        self.n_components = n_components
+
+    def fit(self, slices, relations):
+        self.embeddings_ = [s[:, : self.n_components] for s in slices]
+        return self
+
+
+def test_path_independence_tab_shows_aligned_umap_across_seeds(monkeypatch):
+    import sys
+    import types
+
+    from streamlit.testing.v1 import AppTest
+
+    from workbench import figures, projections
+
+    monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(AlignedUMAP=_FakeAlignedUMAP))
+    projections.umap_cache_clear()
+    app = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+    at = AppTest.from_file(app, default_timeout=240).run()
+    at.number_input(key="steps").set_value(6)
+    at.text_input(key="seeds").set_value("0, 1, 2")
+    at.session_state["view"] = "Path independence"
+    at.run()
+    at.toggle(key="pi_aligned").set_value(True).run()
+    assert not at.exception, at.exception
+    charts = [c for c in at.get("plotly_chart") if c.key == "aligned_umap"]
+    assert len(charts) == 1
+    projections.umap_cache_clear()
+    fig = figures.aligned_embeddings_figure([np.zeros((7, 2)), np.ones((7, 2))], ["a", "b"])
+    assert len(fig.data) == 4 and list(fig.data[2].x) == [1.0] * 7
+    with pytest.raises(ValueError, match="names"):
+        figures.aligned_embeddings_figure([np.zeros((7, 2))], ["a", "b"])

@@ -1,5 +1,6 @@
 """Plotly figure builders: each takes DataFrames / arrays and returns a ``plotly.graph_objects.Figure``."""
 
+from .aligned import aligned_embeddings_figure
 from .convergence import convergence_heatmap
 from .curves import step_curves, steps_per_token_bars, token_correlation_curve
 from .interventions import ablation_control_figure, patching_heatmap, steering_sweep_figure
@@ -11,6 +12,7 @@ from .wavefront import wavefront_heatmap
 
 __all__ = [
     "ablation_control_figure",
+    "aligned_embeddings_figure",
     "checkpoint_series_figure",
     "convergence_heatmap",
     "lens_heatmap",
