@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from recurrent_model.atomic_io import atomic_write_text, replace_durably
 from recurrent_model.tokenizer import HuginnTokenizer, TokenizerError
 
 from ..progress import progress_bar
@@ -356,7 +357,7 @@ def prepare_data(
         tokenizer_sha = file_sha256(tmp / "tokenizer.json")
         final = out_dir / build_name
         shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        replace_durably(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -406,12 +407,7 @@ def _write_manifest(
         "tokenizer_sha256": tokenizer_sha,
         "prepared": prepared.to_json(),
     }
-    tmp = out_dir / f".{MANIFEST}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / MANIFEST)
+    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
 
 
 def _prune(out_dir: Path, keep: str) -> None:
