@@ -150,7 +150,9 @@ def shares(frame: pd.DataFrame, by: str | None) -> pd.DataFrame:
     for kind in KINDS:
         if kind not in table:
             table[kind] = 0.0
-    return table[[*KINDS, "tokens"]]
+    step = frame["final_step_size"] if by is None else frame.groupby(by)["final_step_size"]
+    table["median_final_step"] = step.median()
+    return table[[*KINDS, "tokens", "median_final_step"]]
 
 
 def summarise(frame: pd.DataFrame) -> dict:
@@ -169,6 +171,12 @@ def summarise(frame: pd.DataFrame) -> dict:
         .sort_values("mean", ascending=False)
     )
     flips = float(orbits["flip"].mean()) if len(orbits) else float("nan")
+    slowest = (
+        frame.groupby("token")["final_step_size"]
+        .agg(["median", "size"])
+        .query("size >= 20")
+        .sort_values("median", ascending=False)
+    )
     return {
         "tokens": len(frame),
         "snippets": int(frame.groupby(["source", "snippet"]).ngroups),
@@ -182,6 +190,7 @@ def summarise(frame: pd.DataFrame) -> dict:
         "kind_agrees_across_seeds": agreement,
         "orbit_prone_tokens": top.head(15).reset_index().to_dict("records"),
         "fixed_point_prone_tokens": top.tail(15).reset_index().to_dict("records"),
+        "slowest_settling_tokens": slowest.head(15).reset_index().to_dict("records"),
     }
 
 
@@ -192,8 +201,10 @@ def markdown(summary: dict, frame: pd.DataFrame) -> str:
     periods = pd.Series(summary["orbit_period_histogram"], name="orbits").to_frame()
     periods.index.name = "period (steps, 16 = ≥16)"
     top = pd.DataFrame(summary["orbit_prone_tokens"]).rename(columns={"mean": "orbit share"})
-    if len(top):
-        top["token"] = top["token"].map(repr)
+    slow = pd.DataFrame(summary["slowest_settling_tokens"])
+    for listed in (top, slow):
+        if len(listed):
+            listed["token"] = listed["token"].map(repr)
     return "\n\n".join(
         [
             f"Dynamics census: {summary['tokens']} token trajectories ({summary['snippets']} snippets "
@@ -207,6 +218,8 @@ def markdown(summary: dict, frame: pd.DataFrame) -> str:
             "Orbit periods:\n\n" + periods.to_markdown(),
             "Tokens most often on orbits (≥ 20 occurrences):\n\n"
             + top.to_markdown(index=False, floatfmt=".3f"),
+            "Tokens whose state still moves most at the last step (median ‖s_r − s_{r−1}‖/‖s_r‖, "
+            "≥ 20 occurrences):\n\n" + slow.to_markdown(index=False, floatfmt=".2e"),
         ]
     )
 
