@@ -49,11 +49,34 @@ if "RANK" in os.environ and os.environ.get("DCP_TEST_OUT"):
             save_file(params, os.path.join(out, f"{tag}_params.safetensors"))
             save_file(optim, os.path.join(out, f"{tag}_optim.safetensors"))
 
+    # FSDP2 all-gathers per module during each training step.
+    import json
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    gathers, steps = {}, []
+    _unshard = FSDPParamGroup.unshard
+    def _counting_unshard(self, async_op=False):
+        before = self._all_gather_result
+        out = _unshard(self, async_op)
+        if before is None and self._all_gather_result is not None:
+            gathers[self._module_fqn] = gathers.get(self._module_fqn, 0) + 1
+        return out
+    FSDPParamGroup.unshard = _counting_unshard
+    _train_step = tr.Trainer.train_step
+    def _counting_step(self):
+        gathers.clear()
+        record = _train_step(self)
+        steps.append({"depth": record["depth_no_grad"] + record["depth_grad"], **gathers})
+        return record
+    tr.Trainer.train_step = _counting_step
+
     _run = tr.Trainer.run
     def _recording_run(self):
         dump(self, "start")
         result = _run(self)
         dump(self, "end")
+        if self.ctx.rank == 0:
+            with open(os.path.join(os.environ["DCP_TEST_OUT"], "gathers.json"), "w") as f:
+                json.dump(steps, f)
         return result
     tr.Trainer.run = _recording_run
 
@@ -187,6 +210,13 @@ def test_hsdp_two_nodes_of_two_trains_like_ddp(tiny):
     )
     state = read_state(root / "hsdp4" / "checkpoints" / "step-0000003")
     assert state["world_size"] == 4 and state["strategy"] == "hsdp"
+    # The core block is gathered once per step although it runs r + k times forward and k times
+    # backward; a prelude block is gathered again for its backward.
+    steps = json.loads((root / "hsdp4" / "gathers.json").read_text())
+    assert len(steps) == 3 and max(s["depth"] for s in steps) > 1
+    for s in steps:
+        assert s["transformer.core_block.0"] == 1 and s["transformer.core_block.1"] == 1, s
+        assert s["transformer.prelude.0"] == 2, s
 
 
 def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
