@@ -36,12 +36,15 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
@@ -231,8 +234,22 @@ def write_shards(
     tensors = {**model, **optimizer}
     if asynchronous:
         return dcp.async_save(tensors, storage_writer=writer, process_group=process_group)
-    dcp.save(tensors, storage_writer=writer, process_group=process_group)
+    with _quiet_single_process():
+        dcp.save(tensors, storage_writer=writer, process_group=process_group, no_dist=_single())
     return None
+
+
+def _single() -> bool:
+    """One process without a process group: DCP's ``no_dist`` mode (no collectives)."""
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every call in one process that it assumes one process; that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield
 
 
 def consolidation_plan(
@@ -258,12 +275,16 @@ def consolidate_model(
     ``directory``: each rank assembles whole files from slices of the shard files (on the shared
     file system), so no rank gathers the model. Collective."""
     from torch.distributed.checkpoint._consolidate_hf_safetensors import (
+        consolidate_safetensors_files,
         consolidate_safetensors_files_on_every_rank,
     )
 
-    consolidate_safetensors_files_on_every_rank(
-        str(shards), str(directory), plan, process_group=process_group
-    )
+    if _single():
+        consolidate_safetensors_files(str(shards), str(directory), plan)
+    else:
+        consolidate_safetensors_files_on_every_rank(
+            str(shards), str(directory), plan, process_group=process_group
+        )
 
 
 def keep_optimizer_shards(shards: Path, directory: Path) -> None:
@@ -321,11 +342,13 @@ def load_model_shards(model: nn.Module, path: Path, process_group: Any = None) -
     except CheckpointError as exc:
         raise ResumeError(f"cannot resume from {path}: {exc}") from exc
     tensors = model_tensors(model)
-    dcp.load(
-        tensors,
-        storage_reader=dcp.HuggingFaceStorageReader(str(path)),
-        process_group=process_group,
-    )
+    with _quiet_single_process():
+        dcp.load(
+            tensors,
+            storage_reader=dcp.HuggingFaceStorageReader(str(path)),
+            process_group=process_group,
+            no_dist=_single(),
+        )
 
 
 @torch.no_grad()
@@ -361,11 +384,13 @@ def load_optimizer_shards(
     if not available:  # saved before any optimizer step: nothing to load on any rank
         return
     # Collective: a rank with nothing to read (ZeRO-1 owning no parameter) still takes part.
-    dcp.load(
-        wanted,
-        storage_reader=dcp.HuggingFaceStorageReader(str(directory)),
-        process_group=process_group,
-    )
+    with _quiet_single_process():
+        dcp.load(
+            wanted,
+            storage_reader=dcp.HuggingFaceStorageReader(str(directory)),
+            process_group=process_group,
+            no_dist=_single(),
+        )
     for key, value in wanted.items():
         p, state_key = owners[key]
         optimizer.state[p][state_key] = value
