@@ -316,3 +316,62 @@ def assert_no_pickle(directory: Path) -> None:
         else:
             assert path.suffix == ".json", path
             json.loads(path.read_text())
+
+
+def test_gpu_is_local_rank_modulo_visible_devices(monkeypatch):
+    """Under ``--gpu-bind=closest`` each task sees one device: LOCAL_RANK 5 must use cuda:0."""
+    from pretrain.distributed import pick_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("auto", 5) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert pick_device("cuda", 13) == torch.device("cuda", 5)
+    assert pick_device("cuda:2", 13) == torch.device("cuda", 2)
+    assert chosen == [0, 5, 2]
+
+
+def test_hsdp_shard_group_is_one_node(monkeypatch):
+    from pretrain.distributed import DistContext, ranks_per_node
+
+    ctx = DistContext(rank=0, local_rank=0, world_size=4096)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8(x512)")
+    assert ranks_per_node(ctx) == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert ranks_per_node(ctx) == 4
+    assert ranks_per_node(ctx, configured=16) == 16
+    with pytest.raises(ValueError, match="does not divide the world size"):
+        ranks_per_node(DistContext(world_size=6), configured=4)
+
+
+def test_consolidation_plan_balances_files_over_ranks():
+    from pretrain.checkpointing import consolidation_plan
+
+    model = recurrent_model.RecurrentLM(
+        recurrent_model.preset("tiny", n_embd=32, n_heads=2, intermediate_size=64, vocab_size=320)
+    )
+    sizes = {k: v.numel() * 4 for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert set(consolidation_plan(model, ranks=8).values()) == {1}  # 0.2 MB: one file
+    plan = consolidation_plan(model, ranks=3, file_bytes=1)  # at most one file per rank
+    assert plan.keys() == sizes.keys() and set(plan.values()) == {1, 2, 3}
+    loads = [sum(sizes[k] for k, i in plan.items() if i == f) for f in (1, 2, 3)]
+    assert max(loads) <= sum(sizes.values()) / 3 + max(sizes.values())
+
+
+def test_atomic_write_keeps_the_old_content_when_interrupted(tmp_path, monkeypatch):
+    from recurrent_model import atomic_io
+
+    target = tmp_path / "latest"
+    atomic_io.atomic_write_text(target, "step-0000002\n")
+
+    def failing_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(atomic_io.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_io.atomic_write_text(target, "step-0000004\n")
+    assert target.read_text() == "step-0000002\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"]  # no temporary file left
