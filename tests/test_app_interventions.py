@@ -15,11 +15,12 @@ TIMEOUT = 240
 def app() -> AppTest:
     """The app on a short prompt, 12 steps, one seed, showing the Interventions tab."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    # the sidebar's widgets start from these values: the first run is already the small one
-    at.session_state["steps"] = 12
-    at.session_state["seeds"] = "0"
     at.session_state["prompt"] = "Claire makes a 3 egg omelet."
     at.session_state["view"] = "Interventions"
+    at.run()  # the first run sets the sidebar's scaled defaults; then the small settings
+    assert not at.exception, at.exception
+    at.number_input(key="steps").set_value(12)
+    at.text_input(key="seeds").set_value("0")
     at.run()
     assert not at.exception, at.exception
     assert any("12 steps" in c.value for c in at.caption)
