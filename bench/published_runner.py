@@ -5,7 +5,9 @@ It runs in its own virtual environment (the published code needs ``transformers<
 project does not depend on); it never runs in tests or CI. Input: one JSON argument with
 ``src`` (a directory holding the package ``recpre`` with the two published files), ``weights``
 (safetensors in the Huginn layout), ``config`` (RavenConfig fields), ``ids`` (the prompt),
-``new``, ``steps``, ``threads``, ``repeats``, ``prefill`` ([batch, tokens, steps] or null).
+``new``, ``steps``, ``threads``, ``repeats``, ``prefill`` ([batch, tokens, steps] or null);
+with ``diffusion`` (a list of ``generate_diffusion_style`` keyword sets) it reports only their
+greedy init_scale = 0 tokens (used by bench/bench_diffusion_published.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ def main() -> None:
     ids = torch.tensor(req["ids"])
     gen = GenerationConfig(max_new_tokens=req["new"], do_sample=False, use_cache=True,
                            return_dict_in_generate=False)  # fmt: skip
+    if req.get("diffusion"):  # bench_diffusion_published.py: generate_diffusion_style's tokens
+        runs = []
+        for case in req["diffusion"]:
+            greedy = GenerationConfig(do_sample=False, return_dict_in_generate=True)
+            out = model.generate_diffusion_style(ids, greedy, init_scale=0.0,
+                                                 max_new_tokens=req["new"], **case)  # fmt: skip
+            runs.append(out.sequences[0].tolist())
+        print(json.dumps({"diffusion": runs}))
+        return
 
     class Stamps:
         def __init__(self) -> None:
