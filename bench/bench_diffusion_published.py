@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 from bench_decode import Published
@@ -55,13 +56,18 @@ def compare(name: str, config: rm.RecurrentConfig, lookups: list[str], args) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--published-python", required=True,
+    parser.add_argument("--published-python", default=None,
                         help="python of a venv with transformers<4.58")  # fmt: skip
-    parser.add_argument("--published-src", required=True,
+    parser.add_argument("--published-src", default=None,
                         help="directory holding the published recpre package")  # fmt: skip
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--shapes", default="small,huginn", help="small and/or huginn")
     args = parser.parse_args()
+    paths = (args.published_python, args.published_src)
+    if not all(p and os.path.exists(p) for p in paths):
+        print("(published implementation not given or not found: --published-python "
+              f"{args.published_python}, --published-src {args.published_src}; skipped)")  # fmt: skip
+        return
     torch.set_num_threads(1)
     print(f"tokens of generate_diffusion vs the published generate_diffusion_style: random weights, "
           f"16-token prompt, {args.new} new tokens, greedy, init_scale 0, float32; columns: shape, "
