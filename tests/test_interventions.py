@@ -91,9 +91,18 @@ def test_batched_patches_equal_one_at_a_time(model, pair, hook):
         assert (batched.step == -1).all() and len(batched) == 6
 
 
-@pytest.mark.parametrize("direction", ["denoising", "noising"])
-def test_resuming_from_the_cached_state_equals_patching_through_the_hook(model, pair, direction):
-    kwargs = dict(direction=direction, init_scale=1.0)
+@pytest.mark.parametrize(
+    ("direction", "hook"),
+    [
+        ("denoising", "core.hook_state"),
+        ("noising", "core.hook_state"),
+        ("noising", "core.1.hook_mlp_out"),
+    ],
+)
+def test_resuming_from_the_cached_state_equals_patching_through_the_hook(
+    model, pair, direction, hook
+):
+    kwargs = dict(direction=direction, init_scale=1.0, hook=hook)
     resumed = wb.patch_states(model, *pair, STEPS, reuse_prefix=True, batch_size=7, **kwargs)
     hooked = wb.patch_states(model, *pair, STEPS, reuse_prefix=False, batch_size=64, **kwargs)
     np.testing.assert_allclose(resumed.restored, hooked.restored, atol=1e-5)

@@ -139,10 +139,11 @@ def patch_states(
     last-position log-probability is measured (default: the clean run's top token there).
     ``direction``: "denoising" (clean activation into the corrupted run) or "noising" (corrupted
     activation into the clean run); ``restored`` has the same formula for both. ``batch_size``
-    patches run per batched forward (1 = one at a time). ``reuse_prefix`` (core.hook_state only): a
-    patch at step i starts from the base run's cached s_i with the patch put in and runs the
-    remaining r − i steps (the core has no step-dependent weights), halving a full grid's cost;
-    False runs every patch from s_0 through the hook.
+    patches run per batched forward (1 = one at a time). ``reuse_prefix`` (per-iteration hooks): a
+    patch at step i starts from the base run's cached s_i with the patch put in (core.hook_state) or
+    from s_{i−1} with the patch put in during the first iteration (the core's sub-layer hooks), and
+    runs only the remaining iterations (the core has no step-dependent weights), halving a full
+    grid's cost; False runs every patch from s_0 through the hook.
 
     Returns one row per (position, step): ``position``, ``step``, ``token``, ``restored`` and
     ``logprob`` (m_patched).
@@ -165,11 +166,14 @@ def patch_states(
 
     with torch.inference_mode():
         init = run_init(model, length, init_scale, seed, 1)
+        # per-iteration hooks resume from the base run's core states: record those too
+        iterated = chosen_steps != [None]
+        names = sorted({hook, "core.hook_state"}) if iterated else [hook]
         out_clean, cache_clean = model.run_with_cache(
-            clean, num_steps=num_steps, names_filter=hook, **init
+            clean, num_steps=num_steps, names_filter=names, **init
         )
         out_corr, cache_corr = model.run_with_cache(
-            corrupted, num_steps=num_steps, names_filter=hook, **init
+            corrupted, num_steps=num_steps, names_filter=names, **init
         )
         lp_clean, lp_corr = log_probs(out_clean.logits), log_probs(out_corr.logits)
         if target is None:
@@ -188,10 +192,12 @@ def patch_states(
             base_ids, source = clean, cache_corr[hook]
 
         cells = [(p, s) for p in chosen_positions for s in chosen_steps]
-        # s_i determines everything after step i: a patch of s_i resumes from the base run's
-        # cached (patched) state instead of recomputing steps 1 … i
-        resume = reuse_prefix and hook == "core.hook_state"
-        base_acts = (cache_corr if direction == "denoising" else cache_clean)[hook]
+        # s_i determines everything after step i: a patch at step i resumes from the base run's
+        # cached state (s_i patched, or s_{i−1} for a hook inside iteration i) instead of
+        # recomputing the iterations before it
+        resume = reuse_prefix and iterated
+        base_cache = cache_corr if direction == "denoising" else cache_clean
+        base_acts, base_states = base_cache[hook], base_cache.get("core.hook_state")
         # a patch that puts in what is already there leaves the base run's log-probability
         patched = np.full(len(cells), m_corr if direction == "denoising" else m_clean)
         todo = [i for i, cell in enumerate(cells) if _changes(cell, source, base_acts, hook)]
@@ -199,11 +205,17 @@ def patch_states(
         for index in tqdm(batches, desc="patching", disable=not progress):
             chunk = [cells[i] for i in index]
             ids = base_ids.expand(len(chunk), -1)
-            if resume:
+            if resume and hook == "core.hook_state":
                 step = chunk[0][1]
                 mask = _cell_masks(chunk, length, source.device)[step]
                 state = torch.where(mask, source[step][0], base_acts[step][0])
                 out = model(ids, num_steps=num_steps - step, init_state=state)
+            elif resume:  # iteration `step` becomes the resumed run's first
+                step = chunk[0][1]
+                fn = _patch_hook([(p, 1) for p, _ in chunk], source[step - 1 :], hook, length)
+                state = base_states[step - 1].expand(len(chunk), -1, -1)
+                with model.hooks([(hook, fn)]):
+                    out = model(ids, num_steps=num_steps - step + 1, init_state=state)
             else:
                 fn = _patch_hook(chunk, source, hook, length)
                 init = run_init(model, length, init_scale, seed, len(chunk))
