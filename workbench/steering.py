@@ -41,6 +41,10 @@ def add_vector_hook(
     steps = step_range(steps)
     v = torch.as_tensor(np.asarray(vector) if isinstance(vector, np.ndarray) else vector)
     alpha = float(alpha)
+    if v.dim() != 1 or not torch.isfinite(v).all() or not np.isfinite(alpha):
+        raise ValueError(
+            f"steering needs one finite vector (h,) and a finite α, got {tuple(v.shape)}"
+        )
 
     def fn(x: torch.Tensor, hook) -> torch.Tensor | None:
         if not is_active(hook, steps) or alpha == 0:
