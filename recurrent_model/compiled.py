@@ -60,7 +60,9 @@ def static_storage(model: RecurrentLM, shape: tuple[int, ...], dtype: torch.dtyp
 class _StaticSlot:
     """A :class:`functional.KVCacheSlot` over one whole cache slot (B, max_length, 2·heads, D)."""
 
-    def __init__(self, kv: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> None:
+    def __init__(
+        self, kv: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None
+    ) -> None:
         self.kv, self.positions, self.mask = kv, positions, mask
 
     def update(
@@ -78,7 +80,7 @@ def _block(
     eps: float,
     kv: torch.Tensor,
     positions: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """One sandwich block writing its keys/values into slot ``kv`` (B, L, 2·heads, D) at positions."""
     return fn.sandwich_block(x, weights, rope, eps, _StaticSlot(kv, positions, mask))
@@ -166,11 +168,13 @@ class CompiledDecode:
         c.begin(start, T)  # checks that the positions fit
         positions = torch.arange(start, start + T, device=ids.device)
         key_pos = torch.arange(c.max_length, device=ids.device)
-        mask = key_pos[None, :] <= positions[:, None]  # (T, L)
-        if c.key_valid is None:
-            mask = mask[None, None]
-        else:  # pad queries attend to themselves only, so that no row of the softmax is empty
+        mask: torch.Tensor | None = key_pos[None, :] <= positions[:, None]  # (T, L)
+        if c.key_valid is not None:  # pad queries attend to themselves only (no empty softmax row)
             mask = (mask & c.key_valid[:, None, None, :]) | (key_pos == positions[:, None])
+        elif start == 0 and T > 1:  # a prompt from position 0: top-left causal, no mask to read
+            mask = None
+        else:
+            mask = mask[None, None]
         if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
             torch.compiler.cudagraph_mark_step_begin()
         seen = _SEEN.setdefault(m, set())
