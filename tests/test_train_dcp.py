@@ -220,6 +220,7 @@ def test_hsdp_two_nodes_of_two_trains_like_ddp(tiny):
 
 
 def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
+    """3 ranks fsdp -> 2 ranks fsdp -> 3 ranks bucketed (ZeRO-1): DCP re-slices every tensor."""
     root, config = tiny
     fsdp = "distributed.strategy=fsdp"
     straight = root / "fsdp3"
@@ -227,7 +228,7 @@ def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
     resume_copy(straight, 2, root / "on2")
     launch(root, config, root / "on2", 2, fsdp, extra=("--resume", "--max-steps", "4"))
     resume_copy(root / "on2", 4, root / "on3")
-    launch(root, config, root / "on3", 3, fsdp, extra=("--resume",))
+    launch(root, config, root / "on3", 3, "distributed.strategy=bucketed", extra=("--resume",))
 
     for run, source in ((root / "on2", straight), (root / "on3", root / "on2")):
         saved = source / "checkpoints" / ("step-0000002" if run.name == "on2" else "step-0000004")
@@ -235,9 +236,14 @@ def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
         assert_equal_tensors(
             load_file(run / "start_params.safetensors"), load_file(saved / "model.safetensors")
         )
-        assert_equal_tensors(
-            load_file(run / "start_optim.safetensors"), read_sharded(saved / OPTIMIZER_DIR)
+        moments, saved_moments = (
+            load_file(run / "start_optim.safetensors"),
+            read_sharded(saved / OPTIMIZER_DIR),
         )
+        if run.name == "on3":  # ZeRO-1: rank 0 holds the moments of its share of the parameters
+            assert 0 < len(moments) < len(saved_moments)
+            saved_moments = {k: saved_moments[k] for k in moments}
+        assert_equal_tensors(moments, saved_moments)
         assert (
             len(list((saved / OPTIMIZER_DIR).glob("*.safetensors")))
             == read_state(saved)["world_size"]
