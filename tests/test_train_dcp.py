@@ -82,6 +82,8 @@ if "RANK" in os.environ and os.environ.get("DCP_TEST_OUT"):
 
     slow = os.environ.get("SLOW_CHECKPOINT")
     if slow:
+        with open(os.environ["SLOW_MARKER"] + ".pid" + os.environ["RANK"], "w") as f:
+            f.write(str(os.getpid()))  # torchrun starts ranks in their own sessions
         import torch.distributed.checkpoint as dcp
         _write = dcp.HuggingFaceStorageWriter.write_data
         def _slow_write(self, plan, planner):
@@ -291,6 +293,8 @@ def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError(f"the run ended or stalled early:\n{proc.communicate()[0]}")
         time.sleep(0.1)
+    for pid_file in tmp_path.glob("writing.pid*"):  # the ranks: kill -9 mid-save
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ckpts = run / "checkpoints"
