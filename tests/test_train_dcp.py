@@ -290,13 +290,10 @@ def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path):
         marker.exists() and metrics.is_file() and len(metrics.read_text().splitlines()) >= 5
     ):
         if proc.poll() is not None or time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_run(proc, tmp_path)
             raise AssertionError(f"the run ended or stalled early:\n{proc.communicate()[0]}")
         time.sleep(0.1)
-    for pid_file in tmp_path.glob("writing.pid*"):  # the ranks: kill -9 mid-save
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_run(proc, tmp_path)
     ckpts = run / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step-0000002"
     assert not (ckpts / "step-0000004").exists()
@@ -305,6 +302,17 @@ def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path):
     assert read_state(latest)["step"] == 2
     assert recurrent_model.load_model(latest).config.n_embd == 32
     assert_no_pickle(ckpts)
+
+
+def kill_run(proc: subprocess.Popen, tmp_path: Path) -> None:
+    """kill -9 the ranks (torchrun starts each in its own session) and the launcher's group."""
+    for pid_file in tmp_path.glob("writing.pid*"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 PICKLE_PROTOCOL_MARKERS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
