@@ -11,7 +11,11 @@ Side by side in the same run (each when its prerequisites are there):
 - ``generate(..., compile=True)`` (static-shape compiled decode, one-time compile cost printed);
 - the published implementation's ``generate_minimal`` on the same weights, run by
   ``bench/published_runner.py`` in its own virtual environment (``--published-python``, with
-  ``transformers<4.58``) from a directory holding its ``recpre`` package (``--published-src``);
+  ``transformers<4.58``) from a directory holding its ``recpre`` package (``--published-src``).
+  Set-up used: ``python -m venv $TMPDIR/pubvenv`` with a .pth line pointing at this project's
+  site-packages (for torch), ``$TMPDIR/pubvenv/bin/pip install "transformers<4.58"``, and
+  ``recpre/{__init__,raven_modeling_minimal,raven_config_minimal}.py`` taken from
+  github.com/seal-rg/recurrent-pretraining into ``--published-src``;
 - prefill of 4 × 256 tokens at r = 32: our cached chunk eager and compiled, the published forward,
   and torch.mm's FLOP/s on exactly the model's matmul shapes (the fraction of the machine reached);
 - bfloat16 decode, and with ``--huginn-shape`` a few bf16 tokens of the 3.5B Huginn-0125 shape.
