@@ -30,8 +30,10 @@ measures speculative decoding and adaptive exit there, where drafts and exits me
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,6 +151,7 @@ class Published:
 
         cfg = model.config
         self.dir = tempfile.mkdtemp(prefix="published-bench-")
+        atexit.register(shutil.rmtree, self.dir, True)
         weights = os.path.join(self.dir, "model.safetensors")
         state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         save_file(state, weights)
