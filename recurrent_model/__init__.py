@@ -3,6 +3,7 @@
 from .checkpoint import CheckpointError, atomic_directory, load_model, save_pretrained
 from .config import PRESETS, ConfigError, RecurrentConfig, preset
 from .depth import Depth, sample_depth, split_depth
+from .diffusion import DiffusionOutput
 from .generation import GenerationConfig, GenerationOutput
 from .hooks import ActivationCache, Hook, HookError, HookPoint
 from .kv_cache import KVCache, KVCacheTooLarge
@@ -16,6 +17,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "Depth",
+    "DiffusionOutput",
     "GenerationConfig",
     "GenerationOutput",
     "Hook",
