@@ -14,6 +14,7 @@ NAMES = [
     "path_independence.ipynb",
     "convergence.ipynb",
     "interventions.ipynb",
+    "training_dynamics.ipynb",
 ]
 
 
