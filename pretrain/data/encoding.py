@@ -14,6 +14,8 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
 import numpy as np
@@ -75,13 +77,21 @@ def encode_batches(
             yield payload, _ids(tokenizer, texts)
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path,)) as pool:
+    # A pool whose workers cannot start raises BrokenProcessPool instead of waiting forever.
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_path,)
+    ) as pool:
         in_flight: deque = deque()
-        for payload, texts in batches:
-            in_flight.append((payload, pool.apply_async(_encode_in_worker, (texts,))))
-            if len(in_flight) >= 2 * workers:
+        try:
+            for payload, texts in batches:
+                in_flight.append((payload, pool.submit(_encode_in_worker, texts)))
+                if len(in_flight) >= 2 * workers:
+                    payload, result = in_flight.popleft()
+                    yield payload, _split(*result.result())
+            while in_flight:
                 payload, result = in_flight.popleft()
-                yield payload, _split(*result.get())
-        while in_flight:
-            payload, result = in_flight.popleft()
-            yield payload, _split(*result.get())
+                yield payload, _split(*result.result())
+        except BrokenProcessPool as exc:
+            raise RuntimeError(
+                f"a tokenizer worker process died ({exc}); try --workers 1 to see the error"
+            ) from exc
