@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from recurrent_model.kv_cache import available_memory
 
 from .trajectory import Trajectory
 
@@ -18,25 +19,13 @@ class TrajectoryTooLarge(MemoryError):
     """A collection request that would not fit in the memory available for it."""
 
 
-def available_memory() -> int:
-    """Bytes of memory available to this process (MemAvailable on Linux, else physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
 def check_fits(needed: int, max_bytes: int | None, what: str) -> None:
     """Raise TrajectoryTooLarge naming the size when ``needed`` exceeds the budget."""
-    budget = int(0.8 * available_memory()) if max_bytes is None else int(max_bytes)
+    budget = int(0.8 * available_memory("cpu")) if max_bytes is None else int(max_bytes)
     if needed > budget:
         raise TrajectoryTooLarge(
             f"{what} needs about {_gib(needed)} ({needed:,} bytes) but only {_gib(budget)} is "
