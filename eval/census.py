@@ -2,6 +2,8 @@
 
 Snippets (``--per-source`` of each, cut to ``--max-tokens``): numpy source code the model never saw
 (``eval/heldout_code.py``), GSM8k-style word problems (prose) drawn with a seed the corpus does not use,
+in the training frame ("Question: … Answer: …") and as bare sentences (plain_prose, like the app's
+default prompt),
 held-out arithmetic (``tasks.arithmetic``, heldout split) and held-out depth tasks (``tasks.depth``, at
 trained and harder levels). Every token is classified with ``workbench.classify_dynamics`` on its
 trajectory at 4r̄ iterations from each s_0 seed. Writes to --out:
@@ -50,6 +52,15 @@ def prose_snippets(n: int, seed: int) -> list[str]:
         question, answer = rng.choice(reasoning.WORD_PROBLEMS)(rng)
         out.append(f"Question: {question}\nAnswer: {answer}")
     return out
+
+
+def plain_prose_snippets(n: int, seed: int) -> list[str]:
+    """The same kind of word problem as bare sentences: no "Question:" / "Answer:" frame, no answer
+    (the app's default prompt is such a text)."""
+    from pretrain.data import reasoning
+
+    rng = random.Random(f"census-plain:{seed}")
+    return [rng.choice(reasoning.WORD_PROBLEMS)(rng)[0] for _ in range(n)]
 
 
 def code_snippets(n: int, seed: int) -> list[str]:
@@ -155,6 +166,27 @@ def shares(frame: pd.DataFrame, by: str | None) -> pd.DataFrame:
     return table[[*KINDS, "tokens", "median_final_step"]]
 
 
+def snippet_orbit_shares(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per source: the share of (snippet, seed) runs whose tokens orbit not at all / < 20 % / 20-80 % /
+    > 80 %, and the median position of the first orbiting token (is a flip a property of the context?)."""
+    frame = frame.assign(
+        group=np.where(
+            frame["source"] == "depth",
+            "depth:" + frame["snippet"].map(lambda i: depth.KINDS[i % len(depth.KINDS)]),
+            frame["source"],
+        )
+    )
+    orbit = (
+        (frame["kind"] == "orbit").groupby([frame["group"], frame["snippet"], frame["seed"]]).mean()
+    )
+    bins = pd.cut(orbit, [-0.01, 0.0, 0.2, 0.8, 1.0], labels=["none", "<20%", "20-80%", ">80%"])
+    table = pd.crosstab(orbit.index.get_level_values(0), bins, normalize="index")
+    first = frame[frame["kind"] == "orbit"].groupby(["group", "snippet", "seed"])["position"].min()
+    table["median_first_orbit_position"] = first.groupby(level=0).median()
+    table.index.name = "source"
+    return table
+
+
 def summarise(frame: pd.DataFrame) -> dict:
     """The census numbers: shares overall / by source / by category / by seed, periods, top tokens."""
     orbits = frame[frame["kind"] == "orbit"]
@@ -185,6 +217,7 @@ def summarise(frame: pd.DataFrame) -> dict:
         "by_source": shares(frame, "source").to_dict("index"),
         "by_category": shares(frame, "category").to_dict("index"),
         "by_seed": shares(frame, "seed").to_dict("index"),
+        "snippets_by_orbit_share": snippet_orbit_shares(frame).to_dict("index"),
         "orbit_period_histogram": {str(int(k)): int(v) for k, v in periods.items()},
         "orbit_share_period_2": flips,
         "kind_agrees_across_seeds": agreement,
@@ -213,6 +246,8 @@ def markdown(summary: dict, frame: pd.DataFrame) -> str:
             "Overall:\n\n"
             + pd.DataFrame([summary["overall"]]).to_markdown(index=False, floatfmt=".3f"),
             "By source:\n\n" + table("by_source"),
+            "Runs (snippet × seed) by the share of their tokens on orbits; depth tasks by kind:\n\n"
+            + table("snippets_by_orbit_share"),
             "By token category:\n\n" + table("by_category"),
             "By seed:\n\n" + table("by_seed"),
             "Orbit periods:\n\n" + periods.to_markdown(),
@@ -233,7 +268,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="default 4r̄")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--from-tokens", default=None, help="re-summarise a census_tokens.csv.gz")
     args = parser.parse_args(argv)
+    if args.from_tokens:
+        frame = pd.read_csv(args.from_tokens, keep_default_na=False, na_values=[""])
+        previous = json.loads((Path(args.out) / "census.json").read_text())
+        summary = {k: previous[k] for k in ("checkpoint", "num_steps", "wall_s") if k in previous}
+        summary.update(summarise(frame))
+        (Path(args.out) / "census.json").write_text(
+            json.dumps(summary, indent=2, default=float) + "\n"
+        )
+        (Path(args.out) / "census.md").write_text(markdown(summary, frame) + "\n")
+        print(markdown(summary, frame))
+        return summary
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     model = rm.load_model(args.checkpoint)
@@ -242,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     snippets = {
         "code": code_snippets(n, 0),
         "prose": prose_snippets(n, 777),
+        "plain_prose": plain_prose_snippets(n, 778),
         "arithmetic": arithmetic_snippets(n, 9000),
         "depth": depth_snippets(n, 5000),
     }

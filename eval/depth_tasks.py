@@ -1,7 +1,8 @@
 """Accuracy on held-out depth tasks (``tasks.depth``) vs recurrence depth, per kind and level.
 
 Each prompt is ``shots`` solved train-split tasks of the same kind (at the same level, or at the top
-trained level for levels above it, which have no train split), then a held-out task's prompt. The model
+trained level for levels above it, which have no train split), then a held-out task's prompt; fewer
+shots where that would not fit the model's context. The model
 answers greedily (s_0 = 0, KV-cached ``generate``); the answer is the first line of what it writes,
 compared exactly with the task's answer. Harder levels should need more iterations before accuracy
 saturates; levels above the trained ones test whether accuracy keeps rising past r̄.
@@ -58,14 +59,21 @@ def depth_task_accuracy(
     rows = []
     for kind, level in tqdm(cells, desc="depth tasks", unit="level"):
         tasks = depth.make_tasks(kind, n, level, seed, split="heldout")
-        encoded = [tok.encode(few_shot_prompt(t, shots, seed + k)) for k, t in enumerate(tasks)]
+        new_tokens = max(len(tok.encode(t.answer, add_bos=False)) for t in tasks) + 2
+        room = model.config.block_size - new_tokens
+        encoded = []
+        for k, task in enumerate(tasks):  # fewer shots where the prompt would not fit the context
+            for used in range(shots, -1, -1):
+                ids = tok.encode(few_shot_prompt(task, used, seed + k))
+                if len(ids) <= room:
+                    break
+            encoded.append(ids[-room:])
         width = max(map(len, encoded))
         ids = torch.full((len(encoded), width), tok.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, seq in enumerate(encoded):
             ids[row, width - len(seq) :] = torch.tensor(seq)
             mask[row, width - len(seq) :] = 1
-        new_tokens = max(len(tok.encode(t.answer, add_bos=False)) for t in tasks) + 2
         for d in depths:
             out = model.generate(
                 ids, new_tokens, num_steps=d, attention_mask=mask, init_scale=0.0,
