@@ -331,6 +331,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     data = {**provenance["config"]["data"], "tokenizer_path": str(checkpoint / "tokenizer.json")}
     data_config = DataSection(**data).data_config()
     prepared = prepare_data(data_config, args.data_cache, progress=False)
+    trained_on = provenance.get("corpus_hash")
+    same_corpus = trained_on is None or trained_on == prepared.corpus_hash
+    if not same_corpus:
+        print(
+            f"WARNING: the corpus rebuilt from the provenance's data config (hash "
+            f"{prepared.corpus_hash[:12]}) is not the one the checkpoint was trained on "
+            f"({trained_on[:12]}): the corpus code changed since, so the validation rows may differ "
+            "from the checkpoint's validation split (and overlap its training rows)."
+        )
     loader = PackedLoader(prepared, "val", batch_size=8)
     losses = validation_losses(model, loader, depths, args.val_batches)
     accuracy = arithmetic_accuracy(model, depths, args.difficulties, args.problems)
@@ -353,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = {
         "checkpoint": str(checkpoint),
         "mean_recurrence": r_mean,
+        "validation_corpus_matches_training": same_corpus,
         "val_loss": losses.to_dict("records"),
         "arithmetic": accuracy.to_dict("records"),
         "path_independence": spread.to_dict("records"),

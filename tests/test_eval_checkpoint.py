@@ -113,6 +113,7 @@ def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
     assert len(results["path_independence"]) == len(evaluate.PROMPTS)
     assert results["probes"][0]["probe"] == "iteration counter"
     assert 0 <= results["probes"][0]["test_accuracy"] <= 1
+    assert results["validation_corpus_matches_training"]  # no corpus hash recorded: nothing to flag
     assert [row["steps"] for row in results["heldout_code"]] == [1, 2, 4, 8]
     assert results["heldout_code_summary"]["deepest"] == 8
     assert {(r["level"], r["steps"]) for r in results["depth_tasks"]} == {
