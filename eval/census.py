@@ -181,6 +181,7 @@ def snippet_orbit_shares(frame: pd.DataFrame) -> pd.DataFrame:
     )
     bins = pd.cut(orbit, [-0.01, 0.0, 0.2, 0.8, 1.0], labels=["none", "<20%", "20-80%", ">80%"])
     table = pd.crosstab(orbit.index.get_level_values(0), bins, normalize="index")
+    table = table.reindex(columns=list(bins.cat.categories), fill_value=0.0)
     first = frame[frame["kind"] == "orbit"].groupby(["group", "snippet", "seed"])["position"].min()
     table["median_first_orbit_position"] = first.groupby(level=0).median()
     table.index.name = "source"
