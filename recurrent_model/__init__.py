@@ -1,6 +1,7 @@
 """recurrent_model: the recurrent-depth language model (Huginn-0125 architecture) with hooks on every state."""
 
-from .checkpoint import CheckpointError, atomic_directory, load_model, save_pretrained
+from .atomic_io import atomic_directory
+from .checkpoint import CheckpointError, load_model
 from .config import PRESETS, ConfigError, RecurrentConfig, preset
 from .depth import Depth, sample_depth, split_depth
 from .diffusion import DiffusionOutput
@@ -8,6 +9,7 @@ from .generation import GenerationConfig, GenerationOutput
 from .hooks import ActivationCache, Hook, HookError, HookPoint
 from .kv_cache import KVCache, KVCacheTooLarge
 from .model import ContextLengthError, ModelOutput, RecurrentLM
+from .saving import save_pretrained
 from .tokenizer import HuginnTokenizer, TokenizerError
 
 __all__ = [

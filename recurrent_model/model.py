@@ -27,6 +27,7 @@ from .diffusion import DiffusionOutput, generate_diffusion
 from .generation import GenerationOutput, generate
 from .hooks import ActivationCache, HookError, HookFn, HookPoint, name_matcher
 from .layers import KVCacheSlot, RMSNorm, SandwichBlock, rope_table
+from .saving import save_pretrained
 
 __all__ = ["ContextLengthError", "LayerCache", "ModelOutput", "RecurrentLM", "Transformer"]
 
@@ -446,13 +447,7 @@ class RecurrentLM(nn.Module):
 
     # Persistence ---------------------------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json, model.safetensors and tokenizer.json (if any) atomically to ``path``.
-
-        The one import of a module above this one, done at call time: ``checkpoint`` builds models
-        (imports this module) and owns the file format, so the method delegates to it.
-        """
-        from .checkpoint import save_pretrained
-
+        """Write config.json, model.safetensors and tokenizer.json (if any) atomically to ``path``."""
         save_pretrained(self, path)
 
     def num_parameters(self, part: str | None = None) -> int:

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 import recurrent_model as rm
 from recurrent_model import checkpoint as ckpt
+from recurrent_model import saving
 
 # A config.json as other tools write it: extra fields we must ignore.
 HF_EXTRAS = {
@@ -226,7 +227,7 @@ def test_crash_during_save_keeps_the_previous_checkpoint(model, tmp_path, monkey
         open(path, "wb").write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "save_file", half_write)
+    monkeypatch.setattr(saving, "save_file", half_write)
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(target)
     assert (target / "model.safetensors").read_bytes() == before
@@ -252,13 +253,13 @@ def test_kill_during_save_leaves_previous_checkpoint(model, tmp_path):
     script = textwrap.dedent(
         f"""
         import os, signal, torch, recurrent_model as rm
-        from recurrent_model import checkpoint as ckpt
+        from recurrent_model import saving
         model = rm.RecurrentLM(rm.preset("tiny"))
-        real = ckpt.save_file
+        real = saving.save_file
         def then_die(*a, **k):
             real(*a, **k)
             os.kill(os.getpid(), signal.SIGKILL)
-        ckpt.save_file = then_die
+        saving.save_file = then_die
         model.save_pretrained({str(target)!r})
         """
     )
