@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 import recurrent_model
-from pretrain.launch import main as launch_main
 from pretrain.checkpointing import CheckpointManager
+from pretrain.launch import main as launch_main
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = (
