@@ -7,6 +7,7 @@ work). Unknown keys are an error naming the key, so a typo never silently trains
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 from dataclasses import dataclass, field
@@ -279,3 +280,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for assignment in overrides or []:
         apply_override(raw, assignment)
     return TrainConfig.from_dict(raw)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config``, ``--set KEY=VALUE`` (repeatable) and ``--out``: the arguments every command that
+    reads a training config shares (launch.py, prepare.py)."""
+    parser.add_argument(
+        "--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-small)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a dotted config key, e.g. --set train.lr=3e-4 (repeatable)",
+    )
+    parser.add_argument("--out", default=None, help="run directory (default runs/<config name>)")
+
+
+def run_directory(out: str | None, config_path: str) -> Path:
+    """``--out`` when given, else runs/<config file stem>."""
+    return Path(out) if out else Path("runs") / Path(config_path).stem

@@ -18,21 +18,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pretrain.config import DEFAULT_CONFIG, TrainConfigError, load_config  # noqa: E402
+from pretrain.config import (  # noqa: E402
+    TrainConfigError,
+    add_config_arguments,
+    load_config,
+    run_directory,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain/launch.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-small)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a dotted config key, e.g. --set train.lr=3e-4 (repeatable)",
-    )
-    p.add_argument("--out", default=None, help="run directory (default runs/<config name>)")
+    add_config_arguments(p)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/latest")
     p.add_argument(
         "--max-steps",
@@ -107,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(sbatch_script(config, args.config, args.overrides), end="")
         return 0
-    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    out = run_directory(args.out, args.config)
     return train(config, out, resume=args.resume, max_steps=args.max_steps)
 
 

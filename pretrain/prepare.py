@@ -20,22 +20,18 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pretrain.config import DEFAULT_CONFIG, TrainConfigError, load_config  # noqa: E402
+from pretrain.config import (  # noqa: E402
+    TrainConfigError,
+    add_config_arguments,
+    load_config,
+    run_directory,
+)
 from pretrain.data import DataError, load_prepared, prepare_data  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain/prepare.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default cpu-small)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a dotted config key, as for launch.py (repeatable)",
-    )
-    p.add_argument("--out", default=None, help="run directory (default runs/<config name>)")
+    add_config_arguments(p)
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes (data.workers)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -49,11 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def default_out(config_path: str) -> Path:
-    """The run directory launch.py uses when ``--out`` is not given."""
-    return Path("runs") / Path(config_path).stem
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -61,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else default_out(args.config)
+    out = run_directory(args.out, args.config)
     directory = config.data.directory(out)
     data = config.data.data_config()
     workers = args.workers if args.workers is not None else config.data.workers
