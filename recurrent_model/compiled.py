@@ -70,7 +70,11 @@ class _StaticSlot:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         H = k.shape[1]
         self.kv.index_copy_(1, self.positions, torch.cat([k, v], dim=1).transpose(1, 2))
-        return self.kv[:, :, :H].transpose(1, 2), self.kv[:, :, H:].transpose(1, 2), self.mask
+        mask = self.mask
+        if mask is None:  # causal by position over the whole slot: no shape-dependent flag to trace
+            slots = torch.arange(self.kv.shape[1], device=self.kv.device)
+            mask = self.positions[:, None] >= slots[None, :]
+        return self.kv[:, :, :H].transpose(1, 2), self.kv[:, :, H:].transpose(1, 2), mask
 
 
 def _block(

@@ -45,3 +45,17 @@ def test_compiled_decode_gives_the_eager_tokens():
     torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
     again = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), compile=True, **kw)
     assert again.compile_seconds == 0.0 and torch.equal(again.sequences, eager.sequences)
+
+
+def test_compiled_prefill_gives_the_eager_tokens_for_any_prompt_length():
+    # Two prompt lengths: the second call recompiles the prefill block with a symbolic length.
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    kw = dict(num_steps=2, stop_tokens=(), init_scale=0.0)
+    for length in (6, 11):
+        ids = torch.randint(
+            0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)
+        )
+        eager = model.generate(ids, 3, **kw)
+        compiled = model.generate(ids, 3, compile=True, **kw)
+        assert torch.equal(compiled, eager)
