@@ -33,17 +33,27 @@ def check_fits(needed: int, max_bytes: int | None, what: str) -> None:
         )
 
 
-def as_token_ids(input_ids: torch.Tensor | np.ndarray | Sequence[int]) -> torch.Tensor:
-    """One sequence as a (1, T) long tensor; (T,) and (1, T) inputs are accepted."""
+def as_token_ids(
+    input_ids: torch.Tensor | np.ndarray | Sequence[int], what: str = "input_ids"
+) -> torch.Tensor:
+    """One sequence as a (1, T) long tensor; (T,) and (1, T) inputs are accepted (``what`` names
+    the argument in the error)."""
     ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
         raise ValueError(
-            f"collect takes one non-empty sequence of token ids, (T,) or (1, T); got shape "
+            f"{what} must be one non-empty sequence of token ids, (T,) or (1, T); got shape "
             f"{tuple(ids.shape)}"
         )
     return ids[None]
+
+
+def token_strings(model: torch.nn.Module, ids: Sequence[int]) -> list[str]:
+    """Display strings of token ids: the model's tokenizer, or the ids themselves without one."""
+    tokenizer = getattr(model, "tokenizer", None)
+    ids = [int(i) for i in ids]
+    return tokenizer.token_strings(ids) if tokenizer is not None else [str(i) for i in ids]
 
 
 def run_plan(seeds: Sequence[int], init_scale: float | Sequence[float]) -> list[tuple[int, float]]:
@@ -158,11 +168,7 @@ def collect(
         states = cache["core.hook_state"].float()  # (steps + 1, B, T, h)
         raw[start:stop] = states.permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
 
-    tokenizer = getattr(model, "tokenizer", None)
-    id_list = ids[0].tolist()
-    tokens = (
-        tokenizer.token_strings(id_list) if tokenizer is not None else [str(i) for i in id_list]
-    )
+    tokens = token_strings(model, ids[0].tolist())
     return Trajectory(
         raw_states=raw,
         token_ids=ids[0].numpy().astype(np.int64),

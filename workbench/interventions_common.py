@@ -12,17 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-
-def one_sequence(ids: torch.Tensor | np.ndarray | Sequence[int], what: str) -> torch.Tensor:
-    """One sequence of token ids as a (1, T) long tensor; (T,) and (1, T) are accepted."""
-    t = torch.as_tensor(np.asarray(ids), dtype=torch.long)
-    if t.dim() == 2 and t.shape[0] == 1:
-        t = t[0]
-    if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(
-            f"{what} must be one non-empty sequence (T,) or (1, T), got {tuple(t.shape)}"
-        )
-    return t[None]
+from .collect import as_token_ids, token_strings
 
 
 def encode_prompt(model, prompt: str | torch.Tensor | np.ndarray | Sequence[int]) -> torch.Tensor:
@@ -30,8 +20,8 @@ def encode_prompt(model, prompt: str | torch.Tensor | np.ndarray | Sequence[int]
     if isinstance(prompt, str):
         if model.tokenizer is None:
             raise ValueError("text prompts need a model with a tokenizer; pass token ids instead")
-        return one_sequence(model.tokenizer.encode(prompt), "prompt")
-    return one_sequence(prompt, "prompt")
+        return as_token_ids(model.tokenizer.encode(prompt), "prompt")
+    return as_token_ids(prompt, "prompt")
 
 
 def fixed_init_state(
@@ -82,9 +72,7 @@ def cached_index(hook: str, step: int | None) -> int | None:
 
 def token_labels(model, ids: torch.Tensor) -> list[str]:
     """Token strings of a (1, T) sequence (the ids as strings when the model has no tokenizer)."""
-    id_list = [int(i) for i in ids[0]]
-    tok = getattr(model, "tokenizer", None)
-    return tok.token_strings(id_list) if tok is not None else [str(i) for i in id_list]
+    return token_strings(model, ids[0].tolist())
 
 
 def check_steps(

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from ._frames import token_labels
+from .collect import token_strings
 
 LENSES = ("coda", "logit")
 
@@ -32,10 +33,7 @@ def lens_logits(model: torch.nn.Module, raw: torch.Tensor, kind: str) -> torch.T
 
 
 def _token_strings(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
-    tokenizer = getattr(model, "tokenizer", None)
-    flat = ids.ravel().tolist()
-    strings = tokenizer.token_strings(flat) if tokenizer is not None else [str(i) for i in flat]
-    return np.asarray(strings, dtype=object).reshape(ids.shape)
+    return np.asarray(token_strings(model, ids.ravel().tolist()), dtype=object).reshape(ids.shape)
 
 
 @torch.no_grad()

@@ -19,12 +19,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .collect import as_token_ids
 from .interventions_common import (
     cached_index,
     check_steps,
     hook_steps,
     log_probs,
-    one_sequence,
     run_init,
     token_labels,
 )
@@ -148,8 +148,8 @@ def patch_states(
     Returns one row per (position, step): ``position``, ``step``, ``token``, ``restored`` and
     ``logprob`` (m_patched).
     """
-    clean = one_sequence(clean_ids, "clean_ids").to(model.device)
-    corrupted = one_sequence(corrupted_ids, "corrupted_ids").to(model.device)
+    clean = as_token_ids(clean_ids, "clean_ids").to(model.device)
+    corrupted = as_token_ids(corrupted_ids, "corrupted_ids").to(model.device)
     if clean.shape != corrupted.shape:
         raise ValueError(
             f"clean_ids and corrupted_ids must have the same length, got {clean.shape[1]} and "

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .collect import token_strings
 from .interventions_common import (
     cached_index,
     encode_prompt,
@@ -161,8 +162,7 @@ class SteeringEffect:
 
 
 def _token(model, token_id: int) -> str:
-    tok = getattr(model, "tokenizer", None)
-    return tok.token_strings([token_id])[0] if tok is not None else str(token_id)
+    return token_strings(model, [token_id])[0]
 
 
 def steering_effect(
