@@ -20,13 +20,14 @@ import torch
 
 import pretrain.data.prepare as prep
 from pretrain.data import DataConfig, PackedLoader, prepare_data
+from pretrain.data.config import STARTER_SIZES
 from pretrain.data.readers import ReadStats
 from pretrain.data.tokenizer_training import train_tokenizer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="tiny", choices=("tiny", "small", "full"))
+    parser.add_argument("--size", default="tiny", choices=STARTER_SIZES)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

@@ -8,7 +8,7 @@ Side by side in one run, on the starter corpus written out as a JSONL file (read
 3. opening prepared data: ``load_prepared`` (the training job), the metadata reuse check of
    ``prepare_data``, and the full read-and-hash pass that the job used to do at every launch.
 
-Usage: python bench/bench_prepare.py [--size tiny|small|full] [--vocab 4096] [--workers 1 2]
+Usage: python bench/bench_prepare.py [--size tiny|small|medium|full] [--vocab 4096] [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pretrain.data.prepare as prep
 from pretrain.data import DataConfig, load_prepared, prepare_data
+from pretrain.data.config import STARTER_SIZES
 from pretrain.data.readers import ReadStats
 from pretrain.data.starter_corpus import starter_documents
 from pretrain.data.tokenizer_training import train_tokenizer
@@ -34,7 +35,7 @@ def _timed(fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "full"))
+    parser.add_argument("--size", default="small", choices=STARTER_SIZES)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()

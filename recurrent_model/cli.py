@@ -3,6 +3,7 @@
 python -m recurrent_model --checkpoint DIR --prompt "..." [--chat] [--num-steps 32]
     [--exit kl --threshold 5e-4] [--draft-steps 4 --lookahead 8] [--cache-budget 16]
     [--continuous] [--sample --temperature 0.8 --top-p 0.9] [--max-new-tokens 128] [--compile]
+    [--diffusion --inner-recurrence 4 --headway 1 --exit-t 0.03 --freeze-strategy latent-diff]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from .checkpoint import CheckpointError, load_model
 from .config import ConfigError
+from .diffusion import FREEZE_STRATEGIES, DiffusionOutput
 from .kv_cache import KVCacheTooLarge
 from .sampling import EXIT_CRITERIA
 from .tokenizer import TokenizerError
@@ -52,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode fixed-depth through torch.compile (one-time compile cost, reported)",
     )
+    d = p.add_argument_group(
+        "diffusion-forcing sampler (--diffusion; --num-steps is the prefill depth)"
+    )
+    d.add_argument("--diffusion", action="store_true", help="decode with model.generate_diffusion")
+    d.add_argument("--inner-recurrence", type=int, default=4, help="core iterations per step")
+    d.add_argument("--headway", type=int, default=1, help="new positions per sampler step")
+    d.add_argument("--exit-t", type=float, default=0.03, help="latent-diff freezing threshold")
+    d.add_argument("--freeze-strategy", choices=FREEZE_STRATEGIES, default="latent-diff")
+    d.add_argument("--max-wavefront", type=int, default=128, help="most positions in the wave")
     return p
 
 
@@ -67,8 +78,12 @@ class _TextStreamer:
     def __call__(self, tokens: torch.Tensor, steps: torch.Tensor) -> None:
         if int(steps[0]) == 0:  # the row already stopped
             return
-        self.ids.append(int(tokens[0]))
         self.steps.append(int(steps[0]))
+        self.append([int(tokens[0])])
+
+    def append(self, ids: Sequence[int]) -> None:
+        """Print the text that ``ids`` add to what was printed."""
+        self.ids.extend(ids)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.startswith(self.printed) and not text.endswith("\ufffd"):
             self.out.write(text[len(self.printed) :])
@@ -91,32 +106,54 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         context = model.config.block_size
         max_new = min(args.max_new_tokens, max(context - len(ids), 0))
         streamer = _TextStreamer(tok, out)
-        details = model.generate(
-            torch.tensor([ids]),
-            max_new,
-            num_steps=args.num_steps,
-            exit_criterion=args.exit,
-            exit_threshold=args.threshold,
-            min_steps=args.min_steps,
-            draft_steps=args.draft_steps,
-            lookahead=args.lookahead,
-            cache_budget=args.cache_budget,
-            continuous_compute=args.continuous,
+        generator = torch.Generator(device=model.device).manual_seed(args.seed)
+        sampling = dict(
             do_sample=args.sample,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
             min_p=args.min_p,
             init_scale=args.init_scale,
-            generator=torch.Generator(device=model.device).manual_seed(args.seed),
-            streamer=streamer,
+            generator=generator,
             return_details=True,
-            compile=args.compile,
         )
+        if args.diffusion:
+            details = model.generate_diffusion(
+                torch.tensor([ids]),
+                max_new,
+                num_steps=args.num_steps or model.config.mean_recurrence,
+                inner_recurrence=args.inner_recurrence,
+                headway=args.headway,
+                exit_t=args.exit_t,
+                freeze_strategy=args.freeze_strategy,
+                max_wavefront=args.max_wavefront,
+                continuous_compute=args.continuous,
+                streamer=lambda new: streamer.append(new[: max_new - len(streamer.ids)].tolist()),
+                **sampling,
+            )
+        else:
+            details = model.generate(
+                torch.tensor([ids]),
+                max_new,
+                num_steps=args.num_steps,
+                exit_criterion=args.exit,
+                exit_threshold=args.threshold,
+                min_steps=args.min_steps,
+                draft_steps=args.draft_steps,
+                lookahead=args.lookahead,
+                cache_budget=args.cache_budget,
+                continuous_compute=args.continuous,
+                streamer=streamer,
+                compile=args.compile,
+                **sampling,
+            )
     except (CheckpointError, ConfigError, TokenizerError, ValueError, KVCacheTooLarge) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out.write("\n\n")
+    if args.diffusion:
+        _report_diffusion(details, out)
+        return 0
     out.write(f"iterations per token: {' '.join(map(str, streamer.steps))}\n")
     out.write(
         f"{len(streamer.steps)} tokens, mean {details.mean_steps:.2f} iterations per token, "
@@ -127,6 +164,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if details.acceptance_rate is not None:
         out.write(f"speculative acceptance rate: {details.acceptance_rate:.2f}\n")
     return 0
+
+
+def _report_diffusion(details: DiffusionOutput, out: TextIO) -> None:
+    """The sampler's per-position iterations and its summary counts."""
+    new = details.sequences.shape[1] - details.prompt_length
+    spent = details.recurrence_per_position[details.prompt_length : details.prompt_length + new]
+    out.write(f"iterations per token: {' '.join(str(int(n)) for n in spent)}\n")
+    mean = float(spent.float().mean()) if new else 0.0
+    out.write(
+        f"{new} tokens in {details.sampler_steps} sampler steps, mean {mean:.2f} iterations per "
+        f"token, {details.core_passes} core passes over {details.tokens_forwarded} positions\n"
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 
 from pretrain.data import DataConfig, prepare_data
 from pretrain.data.config import DataError
-from pretrain.data.starter_corpus import split_source, starter_documents
+from pretrain.data.starter_corpus import SIZES, split_source, starter_documents, stdlib_documents
 from recurrent_model.tokenizer import BEGIN_HEADER, END_HEADER, END_TURN
 from tasks.arithmetic import is_held_out, make_problems, parse_answer, render
 from tasks.depth import KINDS
@@ -116,3 +116,12 @@ def test_prepare_starter_records_hash_and_stats(tmp_path):
         progress=False,
     )
     assert other.corpus_hash != prepared.corpus_hash
+
+
+def test_medium_keeps_every_stdlib_file_and_is_mostly_code():
+    docs = starter_documents("medium", seed=0)
+    code = [d for d in docs if d.kind == "stdlib"]
+    assert sorted(d.text for d in code) == sorted(d.text for d in stdlib_documents(0, None))
+    code_chars = sum(len(d.text) for d in code)
+    assert code_chars > 0.5 * sum(len(d.text) for d in docs)
+    assert len(docs) - len(code) == SIZES["medium"].reasoning_docs

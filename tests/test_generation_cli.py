@@ -114,3 +114,19 @@ def test_runs_as_python_dash_m(checkpoint):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "iterations per token: 2" in proc.stdout
+
+
+def test_diffusion_flag_prints_the_sampler_tokens(checkpoint):
+    rc, text = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--diffusion",
+                   "--num-steps", "4", "--inner-recurrence", "2", "--max-new-tokens", "6",
+                   "--init-scale", "0")  # fmt: skip
+    assert rc == 0
+    model = rm.load_model(checkpoint)
+    ids = torch.tensor([model.tokenizer.encode("the cat")])
+    out = model.generate_diffusion(ids, 6, num_steps=4, inner_recurrence=2, init_scale=0.0,
+                                   return_details=True)  # fmt: skip
+    new = out.sequences[0, ids.shape[1] :].tolist()
+    assert text.startswith(model.tokenizer.decode(new, skip_special_tokens=True))
+    spent = out.recurrence_per_position[ids.shape[1] : ids.shape[1] + len(new)].tolist()
+    assert iterations(text) == spent
+    assert f"{len(new)} tokens in {out.sampler_steps} sampler steps" in text

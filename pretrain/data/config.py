@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 STARTER = "starter"
-STARTER_SIZES = ("tiny", "small", "full")
+STARTER_SIZES = ("tiny", "small", "medium", "full")
 INVALID_UTF8_POLICIES = ("replace", "skip")
 
 

@@ -34,6 +34,7 @@ class StarterSize:
 SIZES = {
     "tiny": StarterSize(stdlib_bytes=120_000, reasoning_docs=600),
     "small": StarterSize(stdlib_bytes=1_500_000, reasoning_docs=16_000),
+    "medium": StarterSize(stdlib_bytes=None, reasoning_docs=30_000),
     "full": StarterSize(stdlib_bytes=None, reasoning_docs=300_000),
 }
 MAX_FILE_BYTES = 150_000
@@ -176,7 +177,7 @@ def reasoning_documents(n: int, seed: int) -> list[Document]:
 
 
 def starter_documents(size: str, seed: int) -> list[Document]:
-    """The whole starter corpus for ``size`` ("tiny", "small", "full"), shuffled by ``seed``."""
+    """The whole starter corpus for ``size`` ("tiny", "small", "medium", "full"), shuffled by ``seed``."""
     if size not in SIZES:
         raise DataError(f"starter size must be one of {', '.join(SIZES)}, got {size!r}")
     spec = SIZES[size]
