@@ -46,13 +46,14 @@ from collections.abc import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
 from recurrent_model.cached_forward import CachedForward  # noqa: E402
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_forward import attention_flops, matmul_shapes, matmul_time  # noqa: E402
+from bench_forward import attention_flops, best_time, matmul_shapes, matmul_time  # noqa: E402
 
 PROMPT, NEW, STEPS = 32, 64, 8
 Result = tuple[
@@ -248,6 +249,37 @@ def bench_prefill(model: rm.RecurrentLM, published: Published | None, repeats: i
           f"({best['mm']:.3f} s for the forward's matmuls)")  # fmt: skip
 
 
+def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> float:
+    """Seconds of one decoded token's matrix-vector products alone, on the model's own weights.
+
+    Every linear layer of one token's forward in order (prelude, ``steps`` × core with the adapter,
+    coda, head) as ``F.linear`` of a (1, 1, ·) input: the weight reads a batch-1 token cannot avoid,
+    with nothing else between them. 1 / this is the decode speed a perfect fusion of everything else
+    would reach on this machine.
+    """
+    t = model.transformer
+    h = model.config.n_embd
+    calls = [b.weights() for b in t.prelude]
+    for _ in range(steps):
+        calls += [t.adapter.weight, *(b.weights() for b in t.core_block)]
+    calls += [b.weights() for b in t.coda] + [model.lm_head.weight]
+    x, x2 = torch.randn(1, 1, h), torch.randn(1, 1, 2 * h)
+    xi = torch.randn(1, 1, model.config.intermediate_size)
+
+    @torch.inference_mode()
+    def once() -> None:
+        for w in calls:
+            if isinstance(w, torch.Tensor):
+                F.linear(x2 if w.shape[1] == 2 * h else x, w)
+                continue
+            F.linear(x, w.wqkv)
+            F.linear(x, w.attn_proj)
+            F.linear(x, w.mlp_fc)
+            F.linear(xi, w.mlp_proj)
+
+    return best_time(once, repeats * 5)
+
+
 def bench_dtype(model: rm.RecurrentLM, ids: torch.Tensor, repeats: int) -> None:
     """Greedy decode in bfloat16: eager cached and compiled."""
     bf = rm.RecurrentLM(model.config).eval()
@@ -364,6 +396,10 @@ def main() -> None:
     )
     print(f"speed-up relative to: {base}; 'same' = identical tokens to full re-computation")
     print_table(results, base, results["full re-computation (no cache)"][3])
+    floor = matvec_floor(model, STEPS, args.repeats)
+    compiled_rate = results["KV cache, compiled (compile=True)"][1]
+    print(f"matrix-vector floor: one token's linear layers alone take {1e3 * floor:.2f} ms "
+          f"({1 / floor:.0f} tokens/s); compiled decode runs at {compiled_rate * floor:.1%} of it")  # fmt: skip
     kb = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS).memory_bytes
     kb4 = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS, 4).memory_bytes
     print(f"KV cache memory: full {kb / 2**20:.2f} MiB, budget 4: {kb4 / 2**20:.2f} MiB")

@@ -51,8 +51,11 @@ PROMPTS = (
 
 
 def depth_grid(mean_recurrence: int) -> list[int]:
-    """1, 2, 4, 8, r̄, 2r̄, 4r̄ without repeats, sorted."""
-    return sorted({1, 2, 4, 8, mean_recurrence, 2 * mean_recurrence, 4 * mean_recurrence})
+    """Every power of two below r̄ (at least 1, 2, 4, 8), then r̄, 2r̄, 4r̄: sorted, no repeats."""
+    below = {1, 2, 4, 8} | {
+        2**k for k in range(mean_recurrence.bit_length()) if 2**k < mean_recurrence
+    }
+    return sorted(below | {mean_recurrence, 2 * mean_recurrence, 4 * mean_recurrence})
 
 
 @torch.no_grad()

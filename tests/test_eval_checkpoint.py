@@ -46,7 +46,8 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def test_depth_grid_covers_the_paper_depths():
     assert evaluate.depth_grid(8) == [1, 2, 4, 8, 16, 32]
-    assert evaluate.depth_grid(32) == [1, 2, 4, 8, 32, 64, 128]
+    assert evaluate.depth_grid(32) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert evaluate.depth_grid(4) == [1, 2, 4, 8, 16]
 
 
 def test_arithmetic_scoring_reads_answers_after_left_padded_prompts(checkpoint, monkeypatch):
