@@ -121,7 +121,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
             details = model.generate_diffusion(
                 torch.tensor([ids]),
                 max_new,
-                num_steps=args.num_steps or model.config.mean_recurrence,
+                num_steps=(
+                    model.config.mean_recurrence if args.num_steps is None else args.num_steps
+                ),
                 inner_recurrence=args.inner_recurrence,
                 headway=args.headway,
                 exit_t=args.exit_t,
