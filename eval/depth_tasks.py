@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from depth_grid import depth_grid  # eval/ (the script's own directory)
 from tqdm import tqdm
 
 import recurrent_model as rm
@@ -102,8 +103,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = rm.load_model(args.checkpoint)
-    r = model.config.mean_recurrence
-    frame = depth_task_accuracy(model, sorted({1, 2, 4, 8, r, 2 * r, 4 * r}), n=args.n)
+    frame = depth_task_accuracy(model, depth_grid(model.config.mean_recurrence), n=args.n)
     table = frame.pivot_table(index=["kind", "level"], columns="steps", values="accuracy")
     print(table.to_string(float_format=lambda v: f"{v:.2f}"))
     return frame

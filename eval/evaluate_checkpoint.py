@@ -40,6 +40,7 @@ from tasks.arithmetic import Problem, make_problems, parse_answer, render
 from workbench.arithmetic import arithmetic_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from depth_grid import depth_grid  # noqa: E402
 from depth_tasks import DEFAULT_LEVELS, depth_task_accuracy  # noqa: E402
 from heldout_code import heldout_code_losses  # noqa: E402
 
@@ -48,14 +49,6 @@ PROMPTS = (
     "Question: Claire makes a 3 egg omelet every morning. How many eggs does she eat in 4 weeks?\nAnswer:",
     "37 + 48 = 85\n12 * 7 = 84\n245 + 381 =",
 )
-
-
-def depth_grid(mean_recurrence: int) -> list[int]:
-    """Every power of two below r̄ (at least 1, 2, 4, 8), then r̄, 2r̄, 4r̄: sorted, no repeats."""
-    below = {1, 2, 4, 8} | {
-        2**k for k in range(mean_recurrence.bit_length()) if 2**k < mean_recurrence
-    }
-    return sorted(below | {mean_recurrence, 2 * mean_recurrence, 4 * mean_recurrence})
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from depth_grid import depth_grid  # eval/ (the script's own directory)
 
 import recurrent_model as rm
 
@@ -102,15 +103,16 @@ def heldout_code_losses(
 def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="checkpoints/default")
-    parser.add_argument("--depths", type=int, nargs="+", default=None, help="default 1,2,4,r̄,2r̄,4r̄")
+    parser.add_argument(
+        "--depths", type=int, nargs="+", default=None, help="default: depth_grid(r̄)"
+    )
     parser.add_argument("--rows", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the table here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = rm.load_model(args.checkpoint)
-    r = model.config.mean_recurrence
-    depths = args.depths or sorted({1, 2, 4, r // 2 or 1, r, 2 * r, 4 * r})
+    depths = args.depths or depth_grid(model.config.mean_recurrence)
     frame = heldout_code_losses(model, depths, max_rows=args.rows)
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if args.json:
