@@ -44,6 +44,11 @@ from collections.abc import Callable
 # passive); on a loaded shared machine spinning threads collapse (5-18 vs 53 tok/s passive at load 10):
 # there, export OMP_WAIT_POLICY=PASSIVE before running this script.
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+# ACTIVE alone spins idle threads for ~30e9 iterations (libgomp), so this process's two threads kept both
+# cores busy while the published runner (a child process) was timed: it measured 22 tokens/s beside
+# them and 56 alone. A finite spin count (a few ms) keeps spinning between our own kernels and lets the
+# threads sleep while the child runs.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
