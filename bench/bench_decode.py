@@ -254,35 +254,45 @@ def bench_prefill(model: rm.RecurrentLM, published: Published | None, repeats: i
           f"({best['mm']:.3f} s for the forward's matmuls)")  # fmt: skip
 
 
-def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> float:
-    """Seconds of one decoded token's matrix-vector products alone, on the model's own weights.
-
-    Every linear layer of one token's forward in order (prelude, ``steps`` × core with the adapter,
-    coda, head) as ``F.linear`` of a (1, 1, ·) input: the weight reads a batch-1 token cannot avoid,
-    with nothing else between them. 1 / this is the decode speed a perfect fusion of everything else
-    would reach on this machine.
-    """
+def token_weights(model: rm.RecurrentLM, steps: int) -> list[torch.Tensor]:
+    """Every weight matrix one decoded token multiplies, in forward order (prelude, ``steps`` × adapter
+    and core, coda, head): the bytes a batch-1 token has to read."""
     t = model.transformer
-    h = model.config.n_embd
-    calls = [b.weights() for b in t.prelude]
+
+    def block(b) -> list[torch.Tensor]:
+        w = b.weights()
+        return [w.wqkv, w.attn_proj, w.mlp_fc, w.mlp_proj]
+
+    calls = [w for b in t.prelude for w in block(b)]
     for _ in range(steps):
-        calls += [t.adapter.weight, *(b.weights() for b in t.core_block)]
-    calls += [b.weights() for b in t.coda] + [model.lm_head.weight]
-    x, x2 = torch.randn(1, 1, h), torch.randn(1, 1, 2 * h)
-    xi = torch.randn(1, 1, model.config.intermediate_size)
+        calls += [t.adapter.weight, *(w for b in t.core_block for w in block(b))]
+    return calls + [w for b in t.coda for w in block(b)] + [model.lm_head.weight]
+
+
+def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> tuple[float, float, int]:
+    """(seconds of one token's matrix-vector products alone, seconds to just read the same weights
+    once each, bytes read) on the model's own weights, in forward order.
+
+    The products are ``F.linear`` of a (1, 1, ·) input with nothing else between them: 1 / that is the
+    decode speed a perfect fusion of everything else would reach with torch's kernels. The read is one
+    ``torch.sum`` per weight (a bandwidth-bound reduction, the same cache reuse as the forward: the core
+    weights are read ``steps`` times): no matrix-vector kernel can stream its weights faster.
+    """
+    calls = token_weights(model, steps)
+    inputs = {n: torch.randn(1, 1, n) for n in {w.shape[1] for w in calls}}
 
     @torch.inference_mode()
-    def once() -> None:
+    def products() -> None:
         for w in calls:
-            if isinstance(w, torch.Tensor):
-                F.linear(x2 if w.shape[1] == 2 * h else x, w)
-                continue
-            F.linear(x, w.wqkv)
-            F.linear(x, w.attn_proj)
-            F.linear(x, w.mlp_fc)
-            F.linear(xi, w.mlp_proj)
+            F.linear(inputs[w.shape[1]], w)
 
-    return best_time(once, repeats * 5)
+    @torch.inference_mode()
+    def reads() -> None:
+        for w in calls:
+            w.sum()
+
+    nbytes = sum(w.numel() * w.element_size() for w in calls)
+    return best_time(products, repeats * 5), best_time(reads, repeats * 5), nbytes
 
 
 def bench_dtype(model: rm.RecurrentLM, ids: torch.Tensor, repeats: int) -> None:
@@ -401,10 +411,18 @@ def main() -> None:
     )
     print(f"speed-up relative to: {base}; 'same' = identical tokens to full re-computation")
     print_table(results, base, results["full re-computation (no cache)"][3])
-    floor = matvec_floor(model, STEPS, args.repeats)
+    floor, read, nbytes = matvec_floor(model, STEPS, args.repeats)
     compiled_rate = results["KV cache, compiled (compile=True)"][1]
     print(f"matrix-vector floor: one token's linear layers alone take {1e3 * floor:.2f} ms "
           f"({1 / floor:.0f} tokens/s); compiled decode runs at {compiled_rate * floor:.1%} of it")  # fmt: skip
+    print(f"weight-read floor: reading those {nbytes / 1e6:.1f} MB once each takes {1e3 * read:.2f} ms "
+          f"({nbytes / read / 1e9:.1f} GB/s, {1 / read:.0f} tokens/s); compiled decode runs at "
+          f"{compiled_rate * read:.1%} of it")  # fmt: skip
+    if published is not None:
+        need = 10 * results["published generate_minimal"][1]
+        print(
+            f"10x the published rate = {need:.0f} tokens/s = {nbytes * need / 1e9:.1f} GB/s of weight reads"
+        )
     kb = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS).memory_bytes
     kb4 = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS, 4).memory_bytes
     print(f"KV cache memory: full {kb / 2**20:.2f} MiB, budget 4: {kb4 / 2**20:.2f} MiB")

@@ -55,7 +55,12 @@ def git_commit(repo: Path) -> str | None:
 
 def provenance(run: Path, checkpoint: Path, notes: Sequence[str]) -> dict[str, Any]:
     """Everything needed to reproduce and judge the exported checkpoint."""
-    infos = [json.loads(p.read_text()) for p in sorted(run.glob("run*.json"))]
+    # run.json, then one run-resume-N.json per resume: in the order they ran, so the last is the config
+    # the final steps trained with (a resume may change the schedule)
+    infos = sorted(
+        (json.loads(p.read_text()) for p in run.glob("run*.json")),
+        key=lambda info: info.get("started_at_step", 0),
+    )
     state = json.loads((checkpoint / STATE_JSON).read_text())
     step = int(state["step"])
     records = read_metrics(run / "metrics.jsonl", step)

@@ -34,3 +34,21 @@ def test_export_copies_model_files_and_writes_provenance(tmp_path):
     source = rm.load_model(run / "checkpoints" / "step-0000004")
     for a, b in zip(exported.state_dict().values(), source.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_provenance_lists_resumes_in_order_with_the_last_config(tmp_path):
+    write_corpus(tmp_path / "corpus", docs=60)
+    config = write_config(
+        tmp_path / "tiny.yaml", tmp_path / "corpus", tmp_path / "data", max_steps=4, val_every=4
+    )
+    run = tmp_path / "run"
+    assert launch_main(["--config", str(config), "--out", str(run), "--max-steps", "2"]) == 0
+    resume = ["--config", str(config), "--out", str(run), "--resume", "--set", "train.max_steps=6"]
+    assert launch_main(resume) == 0
+    record = json.loads(
+        (
+            export_main(["--run", str(run), "--out", str(tmp_path / "model")]) / "provenance.json"
+        ).read_text()
+    )
+    assert record["steps"] == 6 and len(record["commands"]) == 2
+    assert record["config"]["train"]["max_steps"] == 6  # what the final steps trained with
