@@ -276,7 +276,8 @@ def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> tuple[float
     The products are ``F.linear`` of a (1, 1, ·) input with nothing else between them: 1 / that is the
     decode speed a perfect fusion of everything else would reach with torch's kernels. The read is one
     ``torch.sum`` per weight (a bandwidth-bound reduction, the same cache reuse as the forward: the core
-    weights are read ``steps`` times): no matrix-vector kernel can stream its weights faster.
+    weights are read ``steps`` times): the read bandwidth torch reaches on these tensors, a reference for
+    how fast a matrix-vector kernel could stream them (not a hard bound: a kernel could prefetch better).
     """
     calls = token_weights(model, steps)
     inputs = {n: torch.randn(1, 1, n) for n in {w.shape[1] for w in calls}}

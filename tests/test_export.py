@@ -12,11 +12,16 @@ from pretrain.export import main as export_main
 from pretrain.launch import main as launch_main
 
 
-def test_export_copies_model_files_and_writes_provenance(tmp_path):
+def tiny_config(tmp_path):
+    """A 4-step config on a small generated corpus under tmp_path."""
     write_corpus(tmp_path / "corpus", docs=60)
-    config = write_config(
+    return write_config(
         tmp_path / "tiny.yaml", tmp_path / "corpus", tmp_path / "data", max_steps=4, val_every=4
     )
+
+
+def test_export_copies_model_files_and_writes_provenance(tmp_path):
+    config = tiny_config(tmp_path)
     run = tmp_path / "run"
     assert launch_main(["--config", str(config), "--out", str(run)]) == 0
     out = export_main(["--run", str(run), "--out", str(tmp_path / "model"), "--note", "test run"])
@@ -37,10 +42,7 @@ def test_export_copies_model_files_and_writes_provenance(tmp_path):
 
 
 def test_provenance_lists_resumes_in_order_with_the_last_config(tmp_path):
-    write_corpus(tmp_path / "corpus", docs=60)
-    config = write_config(
-        tmp_path / "tiny.yaml", tmp_path / "corpus", tmp_path / "data", max_steps=4, val_every=4
-    )
+    config = tiny_config(tmp_path)
     run = tmp_path / "run"
     assert launch_main(["--config", str(config), "--out", str(run), "--max-steps", "2"]) == 0
     resume = ["--config", str(config), "--out", str(run), "--resume", "--set", "train.max_steps=6"]
