@@ -56,6 +56,7 @@ import torch.nn.functional as F  # noqa: E402
 import recurrent_model as rm  # noqa: E402
 from recurrent_model.cached_forward import CachedForward  # noqa: E402
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
+from recurrent_model.functional import linear  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_forward import attention_flops, best_time, matmul_shapes, matmul_time  # noqa: E402
@@ -269,15 +270,19 @@ def token_weights(model: rm.RecurrentLM, steps: int) -> list[torch.Tensor]:
     return calls + [w for b in t.coda for w in block(b)] + [model.lm_head.weight]
 
 
-def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> tuple[float, float, int]:
-    """(seconds of one token's matrix-vector products alone, seconds to just read the same weights
-    once each, bytes read) on the model's own weights, in forward order.
+def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> dict[str, float]:
+    """Three floors for one token on the model's own weights, in forward order: seconds of its
+    matrix-vector products alone with torch's kernels ("torch"), of the same products as the compiled
+    decode writes them (``functional.linear`` in one compiled graph, each input taken from the
+    previous output so that nothing is shared or skipped: "compiled"), and of just reading each weight
+    once ("read"), plus the bytes read ("bytes").
 
-    The products are ``F.linear`` of a (1, 1, ·) input with nothing else between them: 1 / that is the
-    decode speed a perfect fusion of everything else would reach with torch's kernels. The read is one
-    ``torch.sum`` per weight (a bandwidth-bound reduction, the same cache reuse as the forward: the core
-    weights are read ``steps`` times): the read bandwidth torch reaches on these tensors, a reference for
-    how fast a matrix-vector kernel could stream them (not a hard bound: a kernel could prefetch better).
+    "torch" is ``F.linear`` of a (1, 1, ·) input with nothing between the products: 1 / that is the
+    decode speed a perfect fusion of everything else would reach with torch's kernels. "compiled" is
+    the part of a compiled token that is projections; the rest of the token is attention, norms and the
+    host's per-token work. "read" is one ``torch.sum`` per weight (a bandwidth-bound reduction, the same
+    cache reuse as the forward: the core weights are read ``steps`` times): the read bandwidth torch
+    reaches on these tensors, a reference for how fast a kernel could stream them (not a hard bound).
     """
     calls = token_weights(model, steps)
     inputs = {n: torch.randn(1, 1, n) for n in {w.shape[1] for w in calls}}
@@ -287,13 +292,28 @@ def matvec_floor(model: rm.RecurrentLM, steps: int, repeats: int) -> tuple[float
         for w in calls:
             F.linear(inputs[w.shape[1]], w)
 
-    @torch.inference_mode()
-    def reads() -> None:
-        for w in calls:
-            w.sum()
+    def chain(weights: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        for w in weights:
+            n = w.shape[1]
+            x = torch.cat([x] * -(-n // x.shape[-1]), dim=-1)[..., :n]
+            x = linear(x, w)
+        return x
 
+    compiled = torch.compile(chain, fullgraph=True, options={"cpp_wrapper": True})
+    start = torch.randn(1, 1, model.config.n_embd)
+
+    @torch.inference_mode()
+    def compiled_products() -> None:
+        compiled(calls, start)
+
+    compiled_products()  # compile outside the timing
     nbytes = sum(w.numel() * w.element_size() for w in calls)
-    return best_time(products, repeats * 5), best_time(reads, repeats * 5), nbytes
+    return {
+        "torch": best_time(products, repeats * 5),
+        "compiled": best_time(compiled_products, repeats * 5),
+        "read": best_time(lambda: [w.sum() for w in calls], repeats * 5),
+        "bytes": nbytes,
+    }
 
 
 def bench_dtype(model: rm.RecurrentLM, ids: torch.Tensor, repeats: int) -> None:
@@ -412,13 +432,18 @@ def main() -> None:
     )
     print(f"speed-up relative to: {base}; 'same' = identical tokens to full re-computation")
     print_table(results, base, results["full re-computation (no cache)"][3])
-    floor, read, nbytes = matvec_floor(model, STEPS, args.repeats)
-    compiled_rate = results["KV cache, compiled (compile=True)"][1]
-    print(f"matrix-vector floor: one token's linear layers alone take {1e3 * floor:.2f} ms "
-          f"({1 / floor:.0f} tokens/s); compiled decode runs at {compiled_rate * floor:.1%} of it")  # fmt: skip
-    print(f"weight-read floor: reading those {nbytes / 1e6:.1f} MB once each takes {1e3 * read:.2f} ms "
-          f"({nbytes / read / 1e9:.1f} GB/s, {1 / read:.0f} tokens/s); compiled decode runs at "
-          f"{compiled_rate * read:.1%} of it")  # fmt: skip
+    floor = matvec_floor(model, STEPS, args.repeats)
+    rate = results["KV cache, compiled (compile=True)"][1]
+    nbytes = floor["bytes"]
+    print(f"one token's {nbytes / 1e6:.1f} MB of weights: torch's matrix-vector products alone "
+          f"{1e3 * floor['torch']:.2f} ms ({1 / floor['torch']:.0f} tokens/s), the compiled decode's "
+          f"sum-written products alone {1e3 * floor['compiled']:.2f} ms ({1 / floor['compiled']:.0f} "
+          f"tokens/s, {nbytes / floor['compiled'] / 1e9:.1f} GB/s), a torch.sum read of each weight "
+          f"{1e3 * floor['read']:.2f} ms ({1 / floor['read']:.0f} tokens/s, "
+          f"{nbytes / floor['read'] / 1e9:.1f} GB/s)")  # fmt: skip
+    print(f"compiled decode ({1e3 / rate:.2f} ms per token) runs at {rate * floor['torch']:.1%} of the "
+          f"torch floor, {rate * floor['compiled']:.1%} of the compiled-products floor and "
+          f"{rate * floor['read']:.1%} of the read floor")  # fmt: skip
     if published is not None:
         need = 10 * results["published generate_minimal"][1]
         print(

@@ -2,8 +2,9 @@
 
 One implementation of each piece, shared by everything that runs the model: the nn.Modules in
 ``layers.py`` and ``model.py``, the KV-cached path in ``cached_forward.py``, the compiled decode in
-``compiled.py`` and the trajectory normalisation in ``workbench.trajectory``. Every caller computes
-bit-identical float32 results because every caller runs exactly these ops.
+``compiled.py`` and the trajectory normalisation in ``workbench.trajectory``. Every eager caller computes
+bit-identical float32 results because every caller runs exactly these ops; compiled graphs fuse them
+(and, for one row on the CPU, write projections and attention as sums), so they agree to rounding.
 
 Every layer is a "sandwich" block: ``x = norm_2(x + Attn(norm_1(x)))``, ``x = norm_4(x + MLP(norm_3(x)))``.
 Attention uses a fused [Q; K; V] projection, a learned per-head bias on queries and keys added before
@@ -67,6 +68,43 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(-2).type_as(x)
 
 
+def _compiled_cpu_row(x: torch.Tensor, rows: int) -> bool:
+    """True while torch.compile traces x for the CPU and ``rows`` is 1 (batch-1 decoding)."""
+    return torch.compiler.is_compiling() and x.device.type == "cpu" and rows == 1
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weightᵀ. A single row inside a compiled graph on the CPU is a multiply-and-sum instead.
+
+    torch's matrix-vector product reads a weight at about a quarter of the machine's read bandwidth
+    (bench/bench_decode.py); written as a product and a sum over the input dimension, inductor emits
+    one vectorised, parallel reduction per weight inside the token's single kernel, about 3–4× faster.
+    x is materialised first (``as_strided`` makes inductor store it): otherwise the norm before the
+    projection is recomputed once per weight row. Eager calls, GPUs and several rows keep F.linear.
+    """
+    if _compiled_cpu_row(x, x.shape[:-1].numel()):
+        x = x.contiguous()
+        x = x.as_strided(x.shape, x.stride())
+        return (x.unsqueeze(-2) * weight).sum(-1)
+    return F.linear(x, weight)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(head_dim) + mask) v over (B, heads, T, head_dim); mask True = attend.
+
+    One query per row inside a compiled CPU graph is written out (products, sums, softmax) so that
+    inductor fuses it: torch's fused attention costs ~40 µs a call there for a few thousand FLOPs.
+    """
+    if _compiled_cpu_row(q, q.shape[-2]) and not causal:
+        scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
 class KVCacheSlot(Protocol):
     """What attention needs from a KV cache: store this call's keys/values, return what to attend to.
 
@@ -90,7 +128,7 @@ def attention(
     """Causal self-attention of x (B, T, h); qk_bias (2, 1, heads, head_dim) sets the head layout."""
     B, T, h = x.shape
     n_heads, head_dim = qk_bias.shape[-2], qk_bias.shape[-1]
-    qkv = F.linear(x, wqkv)
+    qkv = linear(x, wqkv)
     # Queries and keys together: per-head bias, then RoPE (one op each); values untouched.
     qk = qkv[..., : 2 * h].view(B, T, 2, n_heads, head_dim)
     qk = apply_rope(qk + qk_bias.view(2, n_heads, head_dim), rope)
@@ -98,20 +136,17 @@ def attention(
     k = qk[:, :, 1].transpose(1, 2)
     v = qkv[..., 2 * h :].view(B, T, n_heads, head_dim).transpose(1, 2)
     if cache is None:
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = attend(q, k, v, None, causal=True)
     else:
         k, v, mask = cache.update(k, v)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return F.linear(y.transpose(1, 2).reshape(B, T, h), wo)
+        y = attend(q, k, v, mask, causal=mask is None and T > 1)
+    return linear(y.transpose(1, 2).reshape(B, T, h), wo)
 
 
 def gated_mlp(x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
     """One fc projection to 2·I, split: SiLU(first half) · second half, then proj back to h."""
-    gate, up = F.linear(x, w_fc).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w_proj)
+    gate, up = linear(x, w_fc).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, w_proj)
 
 
 class BlockWeights(NamedTuple):
@@ -156,7 +191,7 @@ def sandwich_block(
 
 def adapter(state: torch.Tensor, e: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The core's input: Adapter(concat[s, e]), a (h, 2h) projection back to h."""
-    return F.linear(torch.cat([state, e], dim=-1), weight)
+    return linear(torch.cat([state, e], dim=-1), weight)
 
 
 def embed(input_ids: torch.Tensor, wte: torch.Tensor, scale: float) -> torch.Tensor:
@@ -166,4 +201,4 @@ def embed(input_ids: torch.Tensor, wte: torch.Tensor, scale: float) -> torch.Ten
 
 def lm_head(x: torch.Tensor, ln_f: torch.Tensor, wte: torch.Tensor, eps: float) -> torch.Tensor:
     """float32 logits of the coda's output: lm_head(ln_f(x)) with the tied embedding."""
-    return F.linear(rms_norm(x, ln_f, eps), wte).float()
+    return linear(rms_norm(x, ln_f, eps), wte).float()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import recurrent_model as rm
@@ -26,14 +27,16 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
     assert not torch.allclose(ablated, eager, atol=1e-3)
 
 
-def test_compiled_decode_gives_the_eager_tokens():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_compiled_decode_gives_the_eager_tokens(batch):
     # A one-token prompt needs no prefill, so only the decode step compiles (one small graph).
+    # Batch 1 takes the CPU's sum-written projections and attention, batch 2 torch's kernels.
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():
         model.transformer.core_block[0].attn.qk_bias.normal_(0, 0.3)
     ids = torch.randint(
-        0, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
+        0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(1)
     )
     kw = dict(num_steps=2, stop_tokens=(), return_details=True, output_scores=True)
     eager = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), **kw)
@@ -59,3 +62,22 @@ def test_compiled_prefill_gives_the_eager_tokens_for_any_prompt_length():
         eager = model.generate(ids, 3, **kw)
         compiled = model.generate(ids, 3, compile=True, **kw)
         assert torch.equal(compiled, eager)
+
+
+def test_one_row_projection_and_attention_compile_to_the_same_function():
+    # Batch-1 decoding on the CPU writes x @ Wᵀ and attention as sums inside compiled graphs only.
+    import torch.nn.functional as F
+
+    from recurrent_model import functional as fn
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 1, 48, generator=g), torch.randn(80, 48, generator=g)
+    q, k, v = (torch.randn(1, 3, n, 16, generator=g) for n in (1, 9, 9))
+    mask = torch.rand(1, 1, 1, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    assert torch.equal(fn.linear(x, w), F.linear(x, w))  # eager: exactly F.linear
+    compiled = torch.compile(lambda *a: (fn.linear(a[0], a[1]), fn.attend(*a[2:], causal=False)))
+    y, att = compiled(x, w, q, k, v, mask)
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(att, ref, rtol=1e-5, atol=1e-5)
