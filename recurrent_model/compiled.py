@@ -121,34 +121,58 @@ class DecodeWeights(NamedTuple):
         )  # fmt: skip
 
 
-def _decode_token(
+#: Core iterations one compiled decode graph unrolls at most. Compile time grows faster than the
+#: graph (r = 8 in one graph compiles in ~1 min cold, r = 32 took 6.5 min), so a deeper token runs
+#: the prelude, chunks of at most this many iterations and the coda as separate graphs: one or two
+#: distinct chunk graphs for any depth, at ~0.2 ms of launch per extra graph.
+MAX_UNROLLED_STEPS = 8
+
+
+class _Piece(NamedTuple):
+    """One compiled graph of a decode token: ``num_steps`` iterations, with the prelude (first)
+    and/or the coda and head (last), over the cache slots of its layer calls."""
+
+    num_steps: int
+    first: bool
+    last: bool
+    slots: tuple[torch.Tensor, ...]
+    slot_indices: tuple[int, ...]
+
+
+def _decode_piece(
     w: DecodeWeights,
-    ids: torch.Tensor,
+    x: torch.Tensor,
     positions: torch.Tensor,
     rope: torch.Tensor,
     state: torch.Tensor,
     slots: tuple[torch.Tensor, ...],
     mask: torch.Tensor,
     num_steps: int,
+    first: bool,
+    last: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 logits (B, 1, V), latents ln_f(s_r)) of one token per row: the whole forward.
+    """One token per row through part of the forward; the whole of it when first and last.
 
-    ``slots`` holds the cache slot of every layer call in order (prelude, core per step, coda): views
-    passed one by one, so that each write touches its slot only.
+    x is the token ids (B, 1) when ``first`` (the prelude runs here), else the prelude's output e.
+    Returns (float32 logits (B, 1, V), latents ln_f(s_r)) when ``last``, else (state, e). ``slots``
+    holds the cache slot of each of this piece's layer calls in order: views passed one by one, so
+    that each write touches its slot only.
     """
     calls = iter(slots)
 
-    def layers(x: torch.Tensor, blocks: tuple[fn.BlockWeights, ...]) -> torch.Tensor:
+    def layers(h: torch.Tensor, blocks: tuple[fn.BlockWeights, ...]) -> torch.Tensor:
         for block in blocks:
-            x = _block(x, block, rope, w.eps, next(calls), positions, mask)
-        return x
+            h = _block(h, block, rope, w.eps, next(calls), positions, mask)
+        return h
 
-    e = layers(fn.embed(ids, w.wte, w.emb_scale), w.prelude)
+    e = layers(fn.embed(x, w.wte, w.emb_scale), w.prelude) if first else x
     for _ in range(num_steps):
         state = layers(fn.adapter(state, e, w.adapter), w.core)
+    if not last:
+        return state, e
     latents = fn.rms_norm(state, w.ln_f, w.eps)
-    x = layers(latents, w.coda)
-    return fn.lm_head(x, w.ln_f, w.head, w.eps), latents
+    h = layers(latents, w.coda)
+    return fn.lm_head(h, w.ln_f, w.head, w.eps), latents
 
 
 def _prefill_block(*args: Any) -> torch.Tensor:
@@ -159,7 +183,7 @@ def _prefill_block(*args: Any) -> torch.Tensor:
 def _compiled(which: str, mode: str | None) -> Any:
     key = f"{which}-{mode}"
     if key not in _COMPILED:
-        target, dynamic = (_decode_token, False) if which == "decode" else (_prefill_block, None)
+        target, dynamic = (_decode_piece, False) if which == "decode" else (_prefill_block, None)
         # On the CPU the graph's launcher is generated C++ too (cpp_wrapper): a decode token is ~100
         # kernels, and the Python launcher alone cost ~1 ms of a ~7 ms token.
         options = {"cpp_wrapper": True} if mode is None else None
@@ -187,15 +211,33 @@ class CompiledDecode:
             for step in range(1, num_steps + 1)
         ]
         self.coda = [(b.weights(), slots[cache.physical(k - n_coda)]) for k, b in enumerate(t.coda)]
-        self.slot_indices = tuple(
-            [cache.physical(i) for i in range(len(t.prelude))]
-            + [cache.core_slot(step, j) for step in range(1, num_steps + 1)
-               for j in range(cache.n_core)]
-            + [cache.physical(k - n_coda) for k in range(n_coda)]
-        )  # fmt: skip
-        self.slot_views = tuple(slots[i] for i in self.slot_indices)
+        self.pieces = self._plan(cache, num_steps, len(t.prelude), len(t.coda))
         self.weights = DecodeWeights.of(model)
         self.compile_seconds = 0.0
+
+    @staticmethod
+    def _plan(cache: KVCache, num_steps: int, n_prelude: int, n_coda: int) -> list[_Piece]:
+        """The graphs of one decode token: the whole token when num_steps ≤ MAX_UNROLLED_STEPS,
+        else the prelude, near-equal chunks of iterations, and the coda."""
+
+        def piece(steps: int, first: bool, last: bool, indices: list[int]) -> _Piece:
+            views = tuple(cache.kv_slots[i] for i in indices)
+            return _Piece(steps, first, last, views, tuple(indices))
+
+        prelude = [cache.physical(i) for i in range(n_prelude)]
+        coda = [cache.physical(k - n_coda) for k in range(n_coda)]
+        core = [[cache.core_slot(step, j) for j in range(cache.n_core)]
+                for step in range(1, num_steps + 1)]  # fmt: skip
+        if num_steps <= MAX_UNROLLED_STEPS:
+            return [piece(num_steps, True, True, prelude + sum(core, []) + coda)]
+        n_chunks = -(-num_steps // MAX_UNROLLED_STEPS)
+        size = -(-num_steps // n_chunks)
+        chunks = [core[i : i + size] for i in range(0, num_steps, size)]
+        return [
+            piece(0, True, False, prelude),
+            *(piece(len(c), False, False, sum(c, [])) for c in chunks),
+            piece(0, False, True, coda),
+        ]
 
     def __call__(
         self, ids: torch.Tensor, start: int, state: torch.Tensor
@@ -219,24 +261,21 @@ class CompiledDecode:
             torch.compiler.cudagraph_mark_step_begin()
         seen = _SEEN.setdefault(m, set())
         shape_key = (T == 1 or T, B, c.max_length, c.key_valid is None, m.dtype, self.mode)
-        if T == 1:
-            shape_key += (self.slot_indices,)
         t0 = time.perf_counter()
         if T == 1:
-            logits, latents = _compiled("decode", self.mode)(
-                self.weights,
-                ids.reshape(-1).clone().view(B, 1),
-                positions,
-                rope,
-                state,
-                self.slot_views,
-                mask,
-                self.num_steps,
-            )
-            if shape_key not in seen:
-                seen.add(shape_key)
-                self.compile_seconds += time.perf_counter() - t0
-            return logits, latents
+            x, decode = ids.reshape(-1).clone().view(B, 1), _compiled("decode", self.mode)
+            for piece in self.pieces:
+                t0 = time.perf_counter()
+                out = decode(self.weights, x, positions, rope, state, piece.slots, mask,
+                             piece.num_steps, piece.first, piece.last)  # fmt: skip
+                state, x = out  # (s, e) between pieces; the last returns (logits, latents)
+                # slot indices relative to the first: chunks laid out alike share one graph
+                pattern = tuple(i - piece.slot_indices[0] for i in piece.slot_indices)
+                key = (*shape_key, *piece[:3], pattern)
+                if key not in seen:  # the first call for this graph and slot pattern compiled it
+                    seen.add(key)
+                    self.compile_seconds += time.perf_counter() - t0
+            return out
         block = _compiled("prefill", self.mode)
 
         def layers(x: torch.Tensor, blocks: list) -> torch.Tensor:

@@ -27,10 +27,11 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
     assert not torch.allclose(ablated, eager, atol=1e-3)
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_compiled_decode_gives_the_eager_tokens(batch):
+@pytest.mark.parametrize("batch, steps", [(1, 2), (2, 2), (1, 10)])
+def test_compiled_decode_gives_the_eager_tokens(batch, steps):
     # A one-token prompt needs no prefill, so only the decode step compiles (one small graph).
-    # Batch 1 takes the CPU's sum-written projections and attention, batch 2 torch's kernels.
+    # Batch 1 takes the CPU's sum-written projections and attention, batch 2 torch's kernels;
+    # 10 iterations run as prelude, two chunks of 5 and coda (separate graphs).
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():
@@ -38,7 +39,7 @@ def test_compiled_decode_gives_the_eager_tokens(batch):
     ids = torch.randint(
         0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(1)
     )
-    kw = dict(num_steps=2, stop_tokens=(), return_details=True, output_scores=True)
+    kw = dict(num_steps=steps, stop_tokens=(), return_details=True, output_scores=True)
     eager = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), **kw)
     compiled = model.generate(
         ids, 5, generator=torch.Generator().manual_seed(2), compile=True, **kw
@@ -81,3 +82,26 @@ def test_one_row_projection_and_attention_compile_to_the_same_function():
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(att, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_deep_decode_tokens_run_as_a_few_graphs_of_bounded_depth():
+    from recurrent_model.compiled import MAX_UNROLLED_STEPS, CompiledDecode
+    from recurrent_model.kv_cache import KVCache
+
+    cfg = rm.preset("tiny")
+    model = rm.RecurrentLM(cfg).eval()
+    for steps, chunks in [(8, None), (10, [5, 5]), (20, [7, 7, 6]), (32, [8, 8, 8, 8])]:
+        cache = KVCache(cfg, 1, 16, steps)
+        pieces = CompiledDecode(model, cache, steps).pieces
+        if chunks is None:  # shallow enough: the whole token is one graph
+            assert [(p.num_steps, p.first, p.last) for p in pieces] == [(steps, True, True)]
+            continue
+        assert max(chunks) <= MAX_UNROLLED_STEPS
+        assert [(p.num_steps, p.first, p.last) for p in pieces] == [
+            (0, True, False),
+            *((n, False, False) for n in chunks),
+            (0, False, True),
+        ]
+        # every layer call's cache slot exactly once, in forward order
+        order = [i for p in pieces for i in p.slot_indices]
+        assert order == sorted(order) == list(range(len(cache.kv_slots)))
