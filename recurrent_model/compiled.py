@@ -5,7 +5,8 @@ keys and values are written into the whole preallocated slot with ``index_copy_`
 positions and attention reads all ``max_length`` positions under a mask.
 
 - A decode step (one token per row) is one compiled graph: embedding, prelude, ``num_steps`` core
-  iterations, coda and head, so a token costs one call instead of ~25 torch calls per layer.
+  iterations, coda and head, so a token costs one call instead of ~25 torch calls per layer. A token
+  deeper than ``MAX_UNROLLED_STEPS`` runs as a few such graphs (prelude, chunks of iterations, coda).
 - A prompt prefill calls one compiled sandwich block per layer (weights, slot, positions and mask
   are its inputs, so one graph serves every layer and prompt length); at prompt lengths the matmuls
   dominate, and the block compiles in seconds where a whole prefill graph takes minutes.
@@ -16,7 +17,7 @@ projections and its attention are written as sums (see :func:`functional.linear`
 streams through the weights at several times the speed of torch's matrix-vector kernels. On a CUDA
 (or ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache
 storage is kept at one static address per model and shape. The first call for a new shape pays the
-compile (about a minute for the small preset's decode step on a loaded 2-core machine); later calls
+compile (up to a minute or so for the small preset's decode step on 2 cores); later calls
 with the same shapes, depth and cache budget reuse it. ``compile_seconds`` reports what a call paid.
 """
 
