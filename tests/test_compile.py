@@ -27,11 +27,12 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
     assert not torch.allclose(ablated, eager, atol=1e-3)
 
 
-@pytest.mark.parametrize("batch, steps", [(1, 2), (2, 2), (1, 10)])
-def test_compiled_decode_gives_the_eager_tokens(batch, steps):
+@pytest.mark.parametrize("batch, steps, budget", [(1, 2, None), (2, 2, None), (1, 10, 4)])
+def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget):
     # A one-token prompt needs no prefill, so only the decode step compiles (one small graph).
     # Batch 1 takes the CPU's sum-written projections and attention, batch 2 torch's kernels;
-    # 10 iterations run as prelude, two chunks of 5 and coda (separate graphs).
+    # 10 iterations run as prelude, two chunks of 5 and coda (separate graphs), here over a
+    # budgeted cache whose core slots repeat within a chunk.
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():
@@ -39,7 +40,13 @@ def test_compiled_decode_gives_the_eager_tokens(batch, steps):
     ids = torch.randint(
         0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(1)
     )
-    kw = dict(num_steps=steps, stop_tokens=(), return_details=True, output_scores=True)
+    kw = dict(
+        num_steps=steps,
+        stop_tokens=(),
+        return_details=True,
+        output_scores=True,
+        cache_budget=budget,
+    )
     eager = model.generate(ids, 5, generator=torch.Generator().manual_seed(2), **kw)
     compiled = model.generate(
         ids, 5, generator=torch.Generator().manual_seed(2), compile=True, **kw
