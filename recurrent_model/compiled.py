@@ -138,6 +138,7 @@ class _Piece(NamedTuple):
     last: bool
     slots: tuple[torch.Tensor, ...]
     slot_indices: tuple[int, ...]
+    pattern: tuple[int, ...]  # slot_indices relative to the first (what the compile depends on)
 
 
 def _decode_piece(
@@ -206,29 +207,35 @@ class CompiledDecode:
         t = model.transformer
         slots = cache.kv_slots
         n_coda = len(t.coda)
-        self.prelude = [(b.weights(), slots[cache.physical(i)]) for i, b in enumerate(t.prelude)]
+        prelude = [cache.physical(i) for i in range(len(t.prelude))]
+        core = [[cache.core_slot(step, j) for j in range(cache.n_core)]
+                for step in range(1, num_steps + 1)]  # fmt: skip
+        coda = [cache.physical(k - n_coda) for k in range(n_coda)]
+        self.prelude = [(b.weights(), slots[i]) for b, i in zip(t.prelude, prelude, strict=True)]
         self.core = [
-            [(b.weights(), slots[cache.core_slot(step, j)]) for j, b in enumerate(t.core_block)]
-            for step in range(1, num_steps + 1)
+            [(b.weights(), slots[i]) for b, i in zip(t.core_block, step, strict=True)]
+            for step in core
         ]
-        self.coda = [(b.weights(), slots[cache.physical(k - n_coda)]) for k, b in enumerate(t.coda)]
-        self.pieces = self._plan(cache, num_steps, len(t.prelude), len(t.coda))
+        self.coda = [(b.weights(), slots[i]) for b, i in zip(t.coda, coda, strict=True)]
+        self.pieces = self._plan(slots, prelude, core, coda)
         self.weights = DecodeWeights.of(model)
         self.compile_seconds = 0.0
 
     @staticmethod
-    def _plan(cache: KVCache, num_steps: int, n_prelude: int, n_coda: int) -> list[_Piece]:
-        """The graphs of one decode token: the whole token when num_steps ≤ MAX_UNROLLED_STEPS,
-        else the prelude, near-equal chunks of iterations, and the coda."""
+    def _plan(
+        slots: list[torch.Tensor], prelude: list[int], core: list[list[int]], coda: list[int]
+    ) -> list[_Piece]:
+        """The graphs of one decode token over these slot indices (prelude, per core step, coda):
+        the whole token when there are ≤ MAX_UNROLLED_STEPS steps, else the prelude, near-equal
+        chunks of iterations, and the coda."""
 
         def piece(steps: int, first: bool, last: bool, indices: list[int]) -> _Piece:
-            views = tuple(cache.kv_slots[i] for i in indices)
-            return _Piece(steps, first, last, views, tuple(indices))
+            # slot indices relative to the first: chunks laid out alike share one graph
+            pattern = tuple(i - indices[0] for i in indices)
+            views = tuple(slots[i] for i in indices)
+            return _Piece(steps, first, last, views, tuple(indices), pattern)
 
-        prelude = [cache.physical(i) for i in range(n_prelude)]
-        coda = [cache.physical(k - n_coda) for k in range(n_coda)]
-        core = [[cache.core_slot(step, j) for j in range(cache.n_core)]
-                for step in range(1, num_steps + 1)]  # fmt: skip
+        num_steps = len(core)
         if num_steps <= MAX_UNROLLED_STEPS:
             return [piece(num_steps, True, True, prelude + sum(core, []) + coda)]
         n_chunks = -(-num_steps // MAX_UNROLLED_STEPS)
@@ -270,9 +277,7 @@ class CompiledDecode:
                 out = decode(self.weights, x, positions, rope, state, piece.slots, mask,
                              piece.num_steps, piece.first, piece.last)  # fmt: skip
                 state, x = out  # (s, e) between pieces; the last returns (logits, latents)
-                # slot indices relative to the first: chunks laid out alike share one graph
-                pattern = tuple(i - piece.slot_indices[0] for i in piece.slot_indices)
-                key = (*shape_key, *piece[:3], pattern)
+                key = (*shape_key, *piece[:3], piece.pattern)
                 if key not in seen:  # the first call for this graph and slot pattern compiled it
                     seen.add(key)
                     self.compile_seconds += time.perf_counter() - t0
