@@ -140,6 +140,11 @@ class _Piece(NamedTuple):
     slot_indices: tuple[int, ...]
     pattern: tuple[int, ...]  # slot_indices relative to the first (what the compile depends on)
 
+    @property
+    def key(self) -> tuple:
+        """What the piece's compiled graph depends on, besides the cache and batch shapes."""
+        return (self.num_steps, self.first, self.last, self.pattern)
+
 
 def _decode_piece(
     w: DecodeWeights,
@@ -148,7 +153,7 @@ def _decode_piece(
     rope: torch.Tensor,
     state: torch.Tensor,
     slots: tuple[torch.Tensor, ...],
-    mask: torch.Tensor,
+    key_valid: torch.Tensor | None,
     num_steps: int,
     first: bool,
     last: bool,
@@ -158,9 +163,19 @@ def _decode_piece(
     x is the token ids (B, 1) when ``first`` (the prelude runs here), else the prelude's output e.
     Returns (float32 logits (B, 1, V), latents ln_f(s_r)) when ``last``, else (state, e). ``slots``
     holds the cache slot of each of this piece's layer calls in order: views passed one by one, so
-    that each write touches its slot only.
+    that each write touches its slot only. The per-token host work is in the graph too: the RoPE row
+    and the attention mask come from ``positions`` (1,), the whole RoPE table ``rope`` and the
+    padding mask ``key_valid`` (B, L) or None. (On the CPU each eager op between two tokens runs
+    with caches just flushed by the weights: they cost ~0.3 ms a token in all.)
     """
     calls = iter(slots)
+    key_pos = torch.arange(slots[0].shape[1], device=positions.device)
+    mask = key_pos[None, :] <= positions[:, None]  # (1, L)
+    if key_valid is not None:  # pad queries attend to themselves only (no empty softmax row)
+        mask = (mask & key_valid[:, None, None, :]) | (key_pos == positions[:, None])
+    else:
+        mask = mask[None, None]
+    rope = rope.index_select(0, positions)
 
     def layers(h: torch.Tensor, blocks: tuple[fn.BlockWeights, ...]) -> torch.Tensor:
         for block in blocks:
@@ -219,6 +234,13 @@ class CompiledDecode:
         self.coda = [(b.weights(), slots[i]) for b, i in zip(t.coda, coda, strict=True)]
         self.pieces = self._plan(slots, prelude, core, coda)
         self.weights = DecodeWeights.of(model)
+        # what a decode token reads besides its ids: the whole RoPE table (the graph picks its row)
+        # and one position tensor per cache position, built once instead of per token
+        self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
+        self.positions = torch.arange(cache.max_length, device=model.device).split(1)
+        self.seen = _SEEN.setdefault(model, set())  # graphs already compiled for this model
+        self.shape_key = (*cache.kv.shape[1:3], model.dtype, mode)  # batch and length
+        self.zero_state: torch.Tensor | None = None
         self.compile_seconds = 0.0
 
     @staticmethod
@@ -248,40 +270,63 @@ class CompiledDecode:
         ]
 
     def __call__(
+        self, ids: torch.Tensor, start: int, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids`` (B, T) at positions start… from s_0 = ``state`` (None: zeros):
+        (logits (B, 1, V), latents)."""
+        m, c = self.model, self.cache
+        B, T = ids.shape
+        c.begin(start, T)  # checks that the positions fit
+        if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
+            torch.compiler.cudagraph_mark_step_begin()
+        if T == 1:
+            return self._token(ids, start, state)
+        if state is None:
+            state = torch.zeros(B, T, m.config.n_embd, device=ids.device, dtype=m.dtype)
+        return self._prefill(ids, start, state)
+
+    def _token(
+        self, ids: torch.Tensor, start: int, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode token: the graphs of ``pieces`` in turn, with as little host work as possible."""
+        x = ids.reshape(-1).clone().view(ids.shape)  # the same strides and mode for every token
+        if state is None:  # s_0 = 0: one zero tensor, made in the caller's mode, serves every token
+            if self.zero_state is None:
+                self.zero_state = torch.zeros(*ids.shape, self.model.config.n_embd,
+                                              device=ids.device, dtype=self.model.dtype)  # fmt: skip
+            state = self.zero_state
+        decode, positions = _compiled("decode", self.mode), self.positions[start]
+        key_valid = self.cache.key_valid
+        for piece in self.pieces:
+            key = (*self.shape_key, key_valid is None, *piece.key)
+            fresh = key not in self.seen
+            t0 = time.perf_counter() if fresh else 0.0
+            state, x = decode(self.weights, x, positions, self.rope, state, piece.slots,
+                              key_valid, piece.num_steps, piece.first, piece.last)  # fmt: skip
+            if fresh:  # the first call for this graph and slot pattern compiled it
+                self.seen.add(key)
+                self.compile_seconds += time.perf_counter() - t0
+        return state, x  # the last piece returns (logits, latents)
+
+    def _prefill(
         self, ids: torch.Tensor, start: int, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ``ids`` (B, T) at positions start… from s_0 = ``state``: (logits (B, 1, V), latents)."""
+        """A prompt chunk: one compiled sandwich block per layer call."""
         m, c = self.model, self.cache
         t, eps = m.transformer, m.config.norm_eps
         B, T = ids.shape
         rope = torch.view_as_real(m.rope_at(start, T))  # (T, head_dim / 2, 2): cos, sin
-        c.begin(start, T)  # checks that the positions fit
         positions = torch.arange(start, start + T, device=ids.device)
         key_pos = torch.arange(c.max_length, device=ids.device)
         mask: torch.Tensor | None = key_pos[None, :] <= positions[:, None]  # (T, L)
         if c.key_valid is not None:  # pad queries attend to themselves only (no empty softmax row)
             mask = (mask & c.key_valid[:, None, None, :]) | (key_pos == positions[:, None])
-        elif start == 0 and T > 1:  # a prompt from position 0: top-left causal, no mask to read
+        elif start == 0:  # a prompt from position 0: top-left causal, no mask to read
             mask = None
         else:
             mask = mask[None, None]
-        if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
-            torch.compiler.cudagraph_mark_step_begin()
-        seen = _SEEN.setdefault(m, set())
-        shape_key = (T == 1 or T, B, c.max_length, c.key_valid is None, m.dtype, self.mode)
+        shape_key = (*self.shape_key, c.key_valid is None, T)
         t0 = time.perf_counter()
-        if T == 1:
-            x, decode = ids.reshape(-1).clone().view(B, 1), _compiled("decode", self.mode)
-            for piece in self.pieces:
-                t0 = time.perf_counter()
-                out = decode(self.weights, x, positions, rope, state, piece.slots, mask,
-                             piece.num_steps, piece.first, piece.last)  # fmt: skip
-                state, x = out  # (s, e) between pieces; the last returns (logits, latents)
-                key = (*shape_key, *piece[:3], piece.pattern)
-                if key not in seen:  # the first call for this graph and slot pattern compiled it
-                    seen.add(key)
-                    self.compile_seconds += time.perf_counter() - t0
-            return out
         block = _compiled("prefill", self.mode)
 
         def layers(x: torch.Tensor, blocks: list) -> torch.Tensor:
@@ -290,8 +335,8 @@ class CompiledDecode:
             return x
 
         e = layers(fn.embed(ids, t.wte.weight, m.emb_scale), self.prelude)
-        if shape_key not in seen:  # the first compiled call built the graph
-            seen.add(shape_key)
+        if shape_key not in self.seen:  # the first compiled call built the graph
+            self.seen.add(shape_key)
             self.compile_seconds += time.perf_counter() - t0
         for step_blocks in self.core:
             state = layers(fn.adapter(state, e, t.adapter.weight), step_blocks)

@@ -199,7 +199,7 @@ class _Run:
         """Run ``ids`` (B, T) at positions start… through ``steps`` iterations: (logits, latents)."""
         compiled = self.compiled
         if compiled is not None and steps == compiled.num_steps and not all_logits:
-            if warm is None:
+            if warm is None and self.cfg.init_scale > 0:  # else s_0 = 0, built by the graph
                 shape = (*ids.shape, self.model.config.n_embd)
                 like = torch.empty(shape, device=ids.device, dtype=self.model.dtype)
                 warm = self.model.initial_state(like, self.cfg.init_scale, self.sampler.generator)
@@ -254,18 +254,21 @@ class _Run:
     # Output --------------------------------------------------------------------------------------
     def emit(self, tokens: torch.Tensor, steps: torch.Tensor | int, logits: torch.Tensor) -> bool:
         """Append one token per row; True when generation is over (all stopped or length reached)."""
-        tokens = torch.where(self.finished, self.pad, tokens)
-        steps = torch.where(self.finished, 0, torch.as_tensor(steps, device=tokens.device))
-        self.sequences[:, self.prompt_len + self.n] = tokens
-        self.steps[:, self.n] = steps
+        stops = self.stop_tokens.numel() > 0  # without stop tokens no row ever finishes early
+        if stops:
+            tokens = torch.where(self.finished, self.pad, tokens)
+            steps = torch.where(self.finished, 0, torch.as_tensor(steps, device=tokens.device))
+        n = self.n
+        self.sequences[:, self.prompt_len + n] = tokens
+        self.steps[:, n] = steps
         if self.scores is not None:
             self.scores.append(logits.float())
         self.n += 1
-        if self.stop_tokens.numel():
+        if stops:
             self.finished |= torch.isin(tokens, self.stop_tokens)
         if self.streamer is not None:
-            self.streamer(tokens, steps)
-        return self.n >= self.max_new or bool(self.finished.all())
+            self.streamer(tokens, self.steps[:, n])
+        return self.n >= self.max_new or (stops and bool(self.finished.all()))
 
     def details(self) -> GenerationOutput:
         # Clones made outside inference mode: ordinary tensors that autograd may use later.
