@@ -13,6 +13,9 @@ from recurrent_model.hooks import Hook, HookError
 from workbench.ablation import random_bases
 
 STEPS = 4
+# Different batch sizes take different float32 GEMM paths (and, with 2 threads, different splits);
+# "restored" is a ratio of log-prob differences that magnifies their rounding to ~2e-5.
+RATIO_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_restored_matches_a_hand_written_patch(model, pair):
 def test_batched_patches_equal_one_at_a_time(model, pair, hook):
     batched = wb.patch_states(model, *pair, STEPS, hook=hook, batch_size=64)
     single = wb.patch_states(model, *pair, STEPS, hook=hook, batch_size=1)
-    np.testing.assert_allclose(batched.restored, single.restored, atol=1e-5)
+    np.testing.assert_allclose(batched.restored, single.restored, atol=RATIO_ATOL)
     if hook == "hook_e":
         assert (batched.step == -1).all() and len(batched) == 6
 
@@ -105,7 +108,7 @@ def test_resuming_from_the_cached_state_equals_patching_through_the_hook(
     kwargs = dict(direction=direction, init_scale=1.0, hook=hook)
     resumed = wb.patch_states(model, *pair, STEPS, reuse_prefix=True, batch_size=7, **kwargs)
     hooked = wb.patch_states(model, *pair, STEPS, reuse_prefix=False, batch_size=64, **kwargs)
-    np.testing.assert_allclose(resumed.restored, hooked.restored, atol=1e-5)
+    np.testing.assert_allclose(resumed.restored, hooked.restored, atol=RATIO_ATOL)
     assert resumed[["position", "step"]].equals(hooked[["position", "step"]])
 
 
@@ -284,7 +287,7 @@ def test_ablating_a_direction_batched_equals_one_by_one(model, pair):
     direction = np.random.default_rng(2).normal(size=model.config.n_embd)
     a = wb.ablate_subspace(model, pair[0], STEPS, 2, basis=direction, n_random=4, batch_size=5)
     b = wb.ablate_subspace(model, pair[0], STEPS, 2, basis=direction, n_random=4, batch_size=1)
-    np.testing.assert_allclose(a.table.effect, b.table.effect, rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(a.table.effect, b.table.effect, rtol=1e-4, atol=1e-6)
 
 
 # Figures -----------------------------------------------------------------------------------------
