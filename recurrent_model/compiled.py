@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 _STORAGE: weakref.WeakKeyDictionary[Any, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
 _COMPILED: dict[str | None, Any] = {}
 _SEEN: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
+_GRAPHS = 0  # graphs compiled in this process (see _expected_recompile)
 
 
 def compile_mode(device: torch.device | str) -> str | None:
@@ -62,7 +63,7 @@ def static_storage(model: RecurrentLM, shape: tuple[int, ...], dtype: torch.dtyp
 
 
 class _StaticSlot:
-    """A :class:`functional.KVCacheSlot` over one whole cache slot (B, max_length, 2·heads, D)."""
+    """A :class:`functional.KVCacheSlot` over one whole cache slot (B, 2·heads, max_length, D)."""
 
     def __init__(
         self, kv: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None
@@ -73,12 +74,12 @@ class _StaticSlot:
         self, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         H = k.shape[1]
-        self.kv.index_copy_(1, self.positions, torch.cat([k, v], dim=1).transpose(1, 2))
+        self.kv.index_copy_(2, self.positions, torch.cat([k, v], dim=1))
         mask = self.mask
         if mask is None:  # causal by position over the whole slot: no shape-dependent flag to trace
-            slots = torch.arange(self.kv.shape[1], device=self.kv.device)
+            slots = torch.arange(self.kv.shape[2], device=self.kv.device)
             mask = self.positions[:, None] >= slots[None, :]
-        return self.kv[:, :, :H].transpose(1, 2), self.kv[:, :, H:].transpose(1, 2), mask
+        return self.kv[:, :H], self.kv[:, H:], mask
 
 
 def _block(
@@ -90,7 +91,7 @@ def _block(
     positions: torch.Tensor,
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One sandwich block writing its keys/values into slot ``kv`` (B, L, 2·heads, D) at positions."""
+    """One sandwich block writing its keys/values into slot ``kv`` (B, 2·heads, L, D) at positions."""
     return fn.sandwich_block(x, weights, rope, eps, _StaticSlot(kv, positions, mask))
 
 
@@ -169,7 +170,7 @@ def _decode_piece(
     with caches just flushed by the weights: they cost ~0.3 ms a token in all.)
     """
     calls = iter(slots)
-    key_pos = torch.arange(slots[0].shape[1], device=positions.device)
+    key_pos = torch.arange(slots[0].shape[2], device=positions.device)
     mask = key_pos[None, :] <= positions[:, None]  # (1, L)
     if key_valid is not None:  # pad queries attend to themselves only (no empty softmax row)
         mask = (mask & key_valid[:, None, None, :]) | (key_pos == positions[:, None])
@@ -195,6 +196,17 @@ def _decode_piece(
 def _prefill_block(*args: Any) -> torch.Tensor:
     """:func:`_block` for prompt chunks (its own compile cache, dynamic in the prompt length)."""
     return _block(*args)
+
+
+def _expected_recompile() -> Any:
+    """Room for one more specialised graph: dynamo's recompile limit (8 per function) counts
+    every depth, chunk pattern, shape and model a process compiles, and with fullgraph=True the next
+    one would raise. Decode and prefill key their graphs themselves and compile each once, so a call
+    that is known to compile lifts the limit past the graphs built so far."""
+    global _GRAPHS
+    _GRAPHS += 1
+    limit = max(torch._dynamo.config.recompile_limit, _GRAPHS)
+    return torch._dynamo.config.patch(recompile_limit=limit)
 
 
 def _compiled(which: str, mode: str | None) -> Any:
@@ -239,7 +251,7 @@ class CompiledDecode:
         self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
         self.positions = torch.arange(cache.max_length, device=model.device).split(1)
         self.seen = _SEEN.setdefault(model, set())  # graphs already compiled for this model
-        self.shape_key = (*cache.kv.shape[1:3], model.dtype, mode)  # batch and length
+        self.shape_key = (cache.kv.shape[1], cache.max_length, model.dtype, mode)
         self.zero_state: torch.Tensor | None = None
         self.compile_seconds = 0.0
 
@@ -299,13 +311,16 @@ class CompiledDecode:
         key_valid = self.cache.key_valid
         for piece in self.pieces:
             key = (*self.shape_key, key_valid is None, *piece.key)
-            fresh = key not in self.seen
-            t0 = time.perf_counter() if fresh else 0.0
-            state, x = decode(self.weights, x, positions, self.rope, state, piece.slots,
-                              key_valid, piece.num_steps, piece.first, piece.last)  # fmt: skip
-            if fresh:  # the first call for this graph and slot pattern compiled it
-                self.seen.add(key)
-                self.compile_seconds += time.perf_counter() - t0
+            args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid,
+                    piece.num_steps, piece.first, piece.last)  # fmt: skip
+            if key in self.seen:
+                state, x = decode(*args)
+                continue
+            t0 = time.perf_counter()  # the first call for this graph and slot pattern compiles it
+            with _expected_recompile():
+                state, x = decode(*args)
+            self.seen.add(key)
+            self.compile_seconds += time.perf_counter() - t0
         return state, x  # the last piece returns (logits, latents)
 
     def _prefill(
@@ -334,8 +349,12 @@ class CompiledDecode:
                 x = block(x, weights, rope, eps, kv, positions, mask)
             return x
 
-        e = layers(fn.embed(ids, t.wte.weight, m.emb_scale), self.prelude)
-        if shape_key not in self.seen:  # the first compiled call built the graph
+        x = fn.embed(ids, t.wte.weight, m.emb_scale)
+        if shape_key in self.seen:
+            e = layers(x, self.prelude)
+        else:  # the first compiled call builds the graph
+            with _expected_recompile():
+                e = layers(x, self.prelude)
             self.seen.add(shape_key)
             self.compile_seconds += time.perf_counter() - t0
         for step_blocks in self.core:

@@ -50,7 +50,7 @@ def check_fits(
     needed = _numel(shape) * torch.empty((), dtype=dtype).element_size()
     free = available_memory(device)
     if needed > free:
-        slots, batch, length = shape[0], shape[1], shape[2]
+        slots, batch, length = shape[0], shape[1], shape[3]
         raise KVCacheTooLarge(
             f"the KV cache needs {needed:,} bytes ({_gib(needed)}: {slots:,} layer slots x "
             f"{batch} rows x {length} positions) but only {free:,} bytes ({_gib(free)}) are "
@@ -97,9 +97,9 @@ class KVCache:
         else:
             check_fits(shape, dtype, device, config.n_layers_in_recurrent_block)
             self.kv = torch.zeros(shape, device=device, dtype=dtype)
-        self.kv_slots = list(self.kv.unbind(0))  # (B, L, 2H, D) per slot, written in place
-        self.k_slots = [kv[:, :, :H].transpose(1, 2) for kv in self.kv_slots]  # (B, H, L, D)
-        self.v_slots = [kv[:, :, H:].transpose(1, 2) for kv in self.kv_slots]
+        self.kv_slots = list(self.kv.unbind(0))  # (B, 2H, L, D) per slot, written in place
+        self.k_slots = [kv[:, :H] for kv in self.kv_slots]  # (B, H, L, D)
+        self.v_slots = [kv[:, H:] for kv in self.kv_slots]
         self.key_valid: torch.Tensor | None = None
         self.start = 0
         self.end = 0
@@ -114,7 +114,11 @@ class KVCache:
         max_steps: int,
         budget: int | None = None,
     ) -> tuple[int, int, int, int, int]:
-        """The storage shape (slots, B, max_length, 2·heads, head_dim); checks the arguments."""
+        """The storage shape (slots, B, 2·heads, max_length, head_dim); checks the arguments.
+
+        Heads before positions: each head's keys are one contiguous (max_length, head_dim) block, so
+        attention reads along positions row by row (one fused softmax per head in compiled decoding).
+        """
         if batch_size < 1 or max_length < 1 or max_steps < 1:
             raise ValueError(
                 f"batch_size, max_length and max_steps must be >= 1, got "
@@ -125,7 +129,7 @@ class KVCache:
         full = config.n_layers_in_recurrent_block * max_steps
         core = full if budget is None else min(int(budget), full)
         n_slots = config.n_layers_in_prelude + core + config.n_layers_in_coda
-        return (n_slots, batch_size, max_length, 2 * config.n_heads, config.head_dim)
+        return (n_slots, batch_size, 2 * config.n_heads, max_length, config.head_dim)
 
     @property
     def shared(self) -> bool:
@@ -218,12 +222,12 @@ class KVCache:
                 raise ValueError(f"row {b} exited after {r} iterations; at least 1 is required")
             if not self.shared:
                 core = self.kv[P : P + l_R * S].unflatten(0, (S, l_R))
-                core[r:, :, b, position] = core[r - 1, :, b, position]
+                core[r:, :, b, :, position] = core[r - 1, :, b, :, position]
                 continue
-            saved = [self.kv[self.core_slot(r, j), b, position].clone() for j in range(l_R)]
+            saved = [self.kv[self.core_slot(r, j), b, :, position].clone() for j in range(l_R)]
             for step in range(r + 1, S + 1):
                 for j, entry in enumerate(saved):
-                    self.kv[self.core_slot(step, j), b, position] = entry
+                    self.kv[self.core_slot(step, j), b, :, position] = entry
 
     def slot(self, index: int) -> CacheSlot:
         """A :class:`~recurrent_model.functional.KVCacheSlot` for one layer call's keys and values."""
