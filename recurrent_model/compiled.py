@@ -28,6 +28,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from . import functional as fn
 from .kv_cache import KVCache, check_fits
@@ -74,7 +75,10 @@ class _StaticSlot:
         self, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         H = k.shape[1]
-        self.kv.index_copy_(2, self.positions, torch.cat([k, v], dim=1))
+        # [k; v] along heads as two zero-padded sums rather than torch.cat: pads are pointwise, so
+        # inductor fuses them (and RoPE) into the cache write instead of copying k and v first
+        both = F.pad(k, (0, 0, 0, 0, 0, H)) + F.pad(v, (0, 0, 0, 0, H, 0))
+        self.kv.index_copy_(2, self.positions, both)
         mask = self.mask
         if mask is None:  # causal by position over the whole slot: no shape-dependent flag to trace
             slots = torch.arange(self.kv.shape[2], device=self.kv.device)
