@@ -5,9 +5,10 @@ Layer-call indices follow the reference implementation: prelude layer i -> i, co
 slots per token, core index c is stored in slot (c − l_P) mod N + l_P, so later iterations overwrite
 older ones; a budget ≥ l_R·max_steps is the full cache.
 
-Keys and values live in one tensor of shape (slots, B, max_length, 2·heads, head_dim) allocated once
-(keys in the first ``heads`` rows, values in the rest, so one copy stores both); each forward chunk
-writes its positions in place and attends over the filled prefix through (B, heads, T, head_dim) views.
+Keys and values live in one tensor of shape (slots, B, 2·heads, max_length, head_dim) allocated once
+(keys in the first ``heads`` rows, values in the rest; heads before positions, so each head's keys are
+one contiguous block); each forward chunk writes its positions in place and attends over the filled
+prefix through (B, heads, T, head_dim) views.
 """
 
 from __future__ import annotations
