@@ -127,3 +127,20 @@ def test_a_depth_sweep_compiles_past_dynamo_recompile_limit(monkeypatch):
         kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
         eager = model.generate(ids, 2, **kw)
         assert torch.equal(model.generate(ids, 2, compile=True, **kw), eager)
+
+
+def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
+    # The decode graph builds the attention mask itself from the position and the pad mask.
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=g)
+    ids[1, :3] = 7
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kw = dict(num_steps=2, stop_tokens=(), init_scale=0.0, attention_mask=mask)
+    kw.update(output_scores=True, return_details=True)
+    eager = model.generate(ids, 4, **kw)
+    compiled = model.generate(ids, 4, compile=True, **kw)
+    assert torch.equal(compiled.sequences, eager.sequences)
+    torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
