@@ -114,19 +114,22 @@ def test_deep_decode_tokens_run_as_a_few_graphs_of_bounded_depth():
         assert order == sorted(order) == list(range(len(cache.kv_slots)))
 
 
-def test_a_depth_sweep_compiles_past_dynamo_recompile_limit(monkeypatch):
+def test_a_depth_sweep_compiles_past_dynamo_recompile_limit():
     # Every depth is its own decode graph; dynamo's per-function limit (8, here lowered to 1) must
     # not stop a sweep, which with fullgraph=True would raise on the first graph past it.
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    # (config.patch, not monkeypatch: pytest would delete the config attribute on undo.)
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     ids = torch.randint(
         0, model.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(3)
     )
-    for steps in (1, 2, 3):
-        kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
-        eager = model.generate(ids, 2, **kw)
-        assert torch.equal(model.generate(ids, 2, compile=True, **kw), eager)
+    before = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for steps in (1, 2, 3):
+            kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
+            eager = model.generate(ids, 2, **kw)
+            assert torch.equal(model.generate(ids, 2, compile=True, **kw), eager)
+    assert torch._dynamo.config.recompile_limit == before  # the decode's own lifts are undone
 
 
 def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
