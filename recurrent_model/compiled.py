@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as fn
-from .kv_cache import KVCache, check_fits
+from .kv_cache import KVCache, attention_mask, check_fits
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
@@ -81,8 +81,7 @@ class _StaticSlot:
         self.kv.index_copy_(2, self.positions, both)
         mask = self.mask
         if mask is None:  # causal by position over the whole slot: no shape-dependent flag to trace
-            slots = torch.arange(self.kv.shape[2], device=self.kv.device)
-            mask = self.positions[:, None] >= slots[None, :]
+            mask = attention_mask(self.positions, self.kv.shape[2])
         return self.kv[:, :H], self.kv[:, H:], mask
 
 
@@ -174,11 +173,8 @@ def _decode_piece(
     with caches just flushed by the weights: they cost ~0.3 ms a token in all.)
     """
     calls = iter(slots)
-    key_pos = torch.arange(slots[0].shape[2], device=positions.device)
-    mask = key_pos[None, :] <= positions[:, None]  # (1, L)
-    if key_valid is not None:  # pad queries attend to themselves only (no empty softmax row)
-        mask = (mask & key_valid[:, None, None, :]) | (key_pos == positions[:, None])
-    else:
+    mask = attention_mask(positions, slots[0].shape[2], key_valid)
+    if key_valid is None:
         mask = mask[None, None]
     rope = rope.index_select(0, positions)
 
@@ -336,14 +332,9 @@ class CompiledDecode:
         B, T = ids.shape
         rope = torch.view_as_real(m.rope_at(start, T))  # (T, head_dim / 2, 2): cos, sin
         positions = torch.arange(start, start + T, device=ids.device)
-        key_pos = torch.arange(c.max_length, device=ids.device)
-        mask: torch.Tensor | None = key_pos[None, :] <= positions[:, None]  # (T, L)
-        if c.key_valid is not None:  # pad queries attend to themselves only (no empty softmax row)
-            mask = (mask & c.key_valid[:, None, None, :]) | (key_pos == positions[:, None])
-        elif start == 0:  # a prompt from position 0: top-left causal, no mask to read
-            mask = None
-        else:
-            mask = mask[None, None]
+        mask: torch.Tensor | None = attention_mask(positions, c.max_length, c.key_valid)
+        if c.key_valid is None:  # from position 0 top-left causal: no mask to read
+            mask = None if start == 0 else mask[None, None]
         shape_key = (*self.shape_key, c.key_valid is None, T)
         t0 = time.perf_counter()
         block = _compiled("prefill", self.mode)

@@ -44,6 +44,22 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
 
+def attention_mask(
+    positions: torch.Tensor, n_keys: int, key_valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Boolean mask (True = attend) of queries at ``positions`` (T,) over keys 0 … n_keys − 1.
+
+    Causal by position, (T, n_keys). With ``key_valid`` (B, ≥ n_keys) pad keys are masked too, giving
+    (B, 1, T, n_keys), and a pad query attends to itself only, so that no row of the softmax is empty.
+    Plain tensor ops: the compiled decode builds the same mask inside its graph.
+    """
+    key_pos = torch.arange(n_keys, device=positions.device)
+    mask = key_pos <= positions[:, None]
+    if key_valid is None:
+        return mask
+    return (mask & key_valid[:, None, None, :n_keys]) | (key_pos == positions[:, None])
+
+
 def check_fits(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None, n_core: int
 ) -> None:
@@ -198,14 +214,7 @@ class KVCache:
         if valid is not None and length == 1:
             self.mask = valid[:, None, None, :end]
             return
-        device = self.kv.device
-        query_pos = torch.arange(start, end, device=device)[:, None]
-        key_pos = torch.arange(end, device=device)[None, :]
-        mask = key_pos <= query_pos
-        if valid is not None:
-            # pad queries attend to themselves only, so that no row of the softmax is empty
-            mask = (mask & valid[:, None, None, :end]) | (key_pos == query_pos)
-        self.mask = mask
+        self.mask = attention_mask(torch.arange(start, end, device=self.kv.device), end, valid)
 
     def freeze_exits(self, position: int, steps: torch.Tensor) -> None:
         """Fill the core entries of token ``position`` above each row's exit iteration.
