@@ -73,19 +73,28 @@ def _compiled_cpu_row(x: torch.Tensor, rows: int) -> bool:
     return torch.compiler.is_compiling() and x.device.type == "cpu" and rows == 1
 
 
+#: Weight-row groups a compiled one-row product reduces side by side (see :func:`linear`).
+ROW_GROUPS = 4
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weightᵀ. A single row inside a compiled graph on the CPU is a multiply-and-sum instead.
 
     torch's matrix-vector product reads a weight at about a quarter of the machine's read bandwidth
     (bench/bench_decode.py); written as a product and a sum over the input dimension, inductor emits
     one vectorised, parallel reduction per weight inside the token's single kernel, about 3–4× faster.
-    x is materialised first (``as_strided`` makes inductor store it): otherwise the norm before the
-    projection is recomputed once per weight row. Eager calls, GPUs and several rows keep F.linear.
+    The weight's rows are split into ``ROW_GROUPS`` equal groups reduced by one loop: each row's sum is
+    a chain of dependent vector adds, so one row at a time waits on the adder's latency, while four
+    independent chains keep it busy (~1.3× the single-group speed; every row's own sum keeps its order,
+    so the result is bit-identical). x is materialised first (``as_strided`` makes inductor store it):
+    otherwise the norm before the projection is recomputed once per weight row. Eager calls, GPUs and
+    several rows keep F.linear.
     """
     if _compiled_cpu_row(x, x.shape[:-1].numel()):
         x = x.contiguous()
-        x = x.as_strided(x.shape, x.stride())
-        return (x.unsqueeze(-2) * weight).sum(-1)
+        x = x.as_strided(x.shape, x.stride()).unsqueeze(-2)
+        groups = ROW_GROUPS if weight.shape[0] % ROW_GROUPS == 0 else 1
+        return torch.cat([(x * rows).sum(-1) for rows in weight.chunk(groups)], -1)
     return F.linear(x, weight)
 
 

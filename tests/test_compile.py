@@ -91,6 +91,25 @@ def test_one_row_projection_and_attention_compile_to_the_same_function():
     torch.testing.assert_close(att, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_one_row_projection_groups_rows_without_changing_any_sum(monkeypatch):
+    # The rows of a compiled one-row projection are reduced in fn.ROW_GROUPS groups side by side;
+    # each row's own sum keeps its order, so the output is bit-identical to one group, in row order
+    # (a weight whose rows do not split evenly stays one group).
+    from recurrent_model import functional as fn
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 48, generator=g)
+    for rows in (80, 78):
+        w = torch.randn(rows, 48, generator=g)
+        monkeypatch.setattr(fn, "ROW_GROUPS", 4)
+        grouped = torch.compile(fn.linear, fullgraph=True)(x, w)
+        monkeypatch.setattr(fn, "ROW_GROUPS", 1)
+        single = torch.compile(fn.linear, fullgraph=True)(x, w)
+        assert grouped.shape == (1, 1, rows)
+        assert torch.equal(grouped, single)
+        torch.testing.assert_close(grouped, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
 def test_deep_decode_tokens_run_as_a_few_graphs_of_bounded_depth():
     from recurrent_model.compiled import MAX_UNROLLED_STEPS, CompiledDecode
     from recurrent_model.kv_cache import KVCache
