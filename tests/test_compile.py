@@ -166,3 +166,48 @@ def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
     compiled = model.generate(ids, 4, compile=True, **kw)
     assert torch.equal(compiled.sequences, eager.sequences)
     torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
+    # After a piece's first call its graph runs without dynamo (CompiledDecode fixes every input but
+    # the per-token four). A piece whose graph passes an input through (the prelude piece's s_0, a
+    # middle chunk's e) has fewer than two graph outputs and keeps the dynamo path.
+    from recurrent_model.compiled import CompiledDecode, _DirectGraph
+    from recurrent_model.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    cfg = rm.preset("tiny")
+    model = rm.RecurrentLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    for steps, direct in [(3, [True]), (10, [False, False, False, True])]:
+        kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
+        assert torch.equal(model.generate(ids, 4, compile=True, **kw), model.generate(ids, 4, **kw))
+        dec = CompiledDecode(model, KVCache(cfg, 1, 16, steps), steps)
+        with torch.inference_mode():
+            dec(ids, 0, None)
+            for pos in (5, 6):  # the second token takes the direct calls
+                logits, _ = dec(ids[:, :1], pos, None)
+        assert [isinstance(dec.direct[i], _DirectGraph) for i in range(len(direct))] == direct
+        assert logits.shape == (1, 1, cfg.vocab_size)
+
+
+def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directly():
+    from recurrent_model import compiled as C
+
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    x, state = torch.ones(1, 1), torch.zeros(1, 1, 4)
+    args = (None, x, None, None, state, None, None, 1, True, True)
+    sources = ("L['state']", "L['x']")
+    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), sources, 2)]
+    assert C._direct_graph(model, ("bad",), args, (x + 2, state)) is None
+    assert ("bad",) not in C._DIRECT[model]
+    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), ("L['state']", "L['other']"), 2)]
+    assert (
+        C._direct_graph(model, ("odd",), args, (x + 1, state)) is None
+    )  # an input not known fixed
+    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), sources, 2)]
+    direct = C._direct_graph(model, ("good",), args, (x + 1, state))
+    assert C._DIRECT[model][("good",)][1] == sources
+    y, s = direct(torch.full((1, 1), 5.0), None, state + 3, None)  # the per-token inputs replaced
+    assert torch.equal(y, torch.full((1, 1), 6.0)) and torch.equal(s, state + 3)
+    assert not C._CAPTURED
