@@ -19,6 +19,7 @@ streams through the weights at several times the speed of torch's matrix-vector 
 storage is kept at one static address per model and shape. The first call for a new shape pays the
 compile (up to a minute or so for the small preset's decode step on 2 cores); later calls
 with the same shapes, depth and cache budget reuse it. ``compile_seconds`` reports what a call paid.
+On the CPU, a decode piece's later calls skip dynamo altogether (:class:`_DirectGraph`).
 """
 
 from __future__ import annotations
