@@ -85,7 +85,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     one vectorised, parallel reduction per weight inside the token's single kernel, about 3–4× faster.
     The weight's rows are split into ``ROW_GROUPS`` equal groups reduced by one loop: each row's sum is
     a chain of dependent vector adds, so one row at a time waits on the adder's latency, while four
-    independent chains keep it busy (~1.3× the single-group speed; every row's own sum keeps its order,
+    independent chains keep it busy (1.3–1.5× the single-group speed; every row's own sum keeps its order,
     so the result is bit-identical). x is materialised first (``as_strided`` makes inductor store it):
     otherwise the norm before the projection is recomputed once per weight row. Eager calls, GPUs and
     several rows keep F.linear.
