@@ -148,7 +148,12 @@ def attention(
         y = attend(q, k, v, None, causal=True)
     else:
         k, v, mask = cache.update(k, v)
-        y = attend(q, k, v, mask, causal=mask is None and T > 1)
+        # a branch rather than a value: under a dynamic-length compile T > 1 is symbolic, and
+        # branching on it makes it a guard (true for every prompt chunk)
+        causal = False
+        if mask is None and T > 1:
+            causal = True
+        y = attend(q, k, v, mask, causal=causal)
     return linear(y.transpose(1, 2).reshape(B, T, h), wo)
 
 
