@@ -5,7 +5,8 @@ It runs in its own virtual environment (the published code needs ``transformers<
 project does not depend on); it never runs in tests or CI. Input: one JSON argument with
 ``src`` (a directory holding the package ``recpre`` with the two published files), ``weights``
 (safetensors in the Huginn layout), ``config`` (RavenConfig fields), ``ids`` (the prompt),
-``new``, ``steps``, ``threads``, ``repeats``, ``prefill`` ([batch, tokens, steps] or null);
+``new``, ``steps``, ``threads``, ``repeats``, ``prefill`` ([batch, tokens, steps] or null), ``decode``
+(default true; false times the prefill only);
 with ``diffusion`` (a list of ``generate_diffusion_style`` keyword sets) it reports only their
 greedy init_scale = 0 tokens (used by bench/bench_diffusion_published.py).
 """
@@ -61,7 +62,7 @@ def main() -> None:
             pass
 
     best = None
-    for _ in range(req["repeats"]):
+    for _ in range(req["repeats"] if req.get("decode", True) else 0):
         stamps = Stamps()
         t0 = time.perf_counter()
         out = model.generate_minimal(ids, gen, streamer=stamps, num_steps=req["steps"],
@@ -74,7 +75,7 @@ def main() -> None:
                   "tokens": out.tolist() if isinstance(out, torch.Tensor) else out.sequences.tolist()}  # fmt: skip
         if best is None or result["rate"] > best["rate"]:
             best = result
-    report = {"decode": best}
+    report = {"decode": best} if best is not None else {}
     if req.get("prefill"):
         batch, tokens, steps = req["prefill"]
         x = torch.randint(0, config.vocab_size, (batch, tokens),

@@ -2,7 +2,9 @@
 
 Both call the :mod:`recurrent_model.functional` layers over a KV-cache slot that has a static shape:
 keys and values are written into the whole preallocated slot with ``index_copy_`` at the chunk's
-positions and attention reads all ``max_length`` positions under a mask.
+positions and attention reads all ``max_length`` positions under a mask (a prompt chunk from
+position 0 attends causally over its own keys instead, so the fused attention skips the blocks above
+the diagonal).
 
 - A decode step (one token per row) is one compiled graph: embedding, prelude, ``num_steps`` core
   iterations, coda and head, so a token costs one call instead of ~25 torch calls per layer. A token
