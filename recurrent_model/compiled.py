@@ -47,8 +47,8 @@ _COMPILED: dict[str | None, Any] = {}
 _SEEN: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
 _GRAPHS = 0  # graphs compiled in this process (see _expected_recompile)
 _CAPTURED: list[tuple[Callable, tuple[str, ...] | None, int]] = []  # set by _recording_inductor
-# Decode graphs callable without dynamo, per model: graph key -> (callable, input sources)
-_DIRECT: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[Callable, tuple[str, ...]]]] = (
+# Decode graphs callable without dynamo, per model: graph key -> (callable, input sources, outputs)
+_DIRECT: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[Callable, tuple[str, ...], Any]]] = (
     weakref.WeakKeyDictionary()
 )
 #: The decode piece's tensor arguments, in order (see _decode_piece), and those of them that change
@@ -246,6 +246,11 @@ def _recording_inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Calla
     return run
 
 
+#: A decode piece's two results: None for one its graph computes, else the index in _PER_TOKEN_ARGS of
+#: the input it passes through (dynamo returns that input itself; the graph has no output for it)
+Outputs = tuple[int | None, int | None]
+
+
 class _DirectGraph:
     """One decode piece's compiled graph called without dynamo's per-call work.
 
@@ -253,12 +258,15 @@ class _DirectGraph:
     four have fixed shapes, so dynamo's guards over the ~60 inputs and its Python wrappers decide
     nothing after the first call; they cost ~0.45 ms of a ~2–2.4 ms token (measured in the generation
     loop, where the weights have just flushed the caches). The graph's C++ launcher still checks every
-    input's sizes and strides.
+    input's sizes and strides. A piece that passes an input through (the prelude piece's s_0, a middle
+    chunk's e) returns that input as dynamo did.
     """
 
-    def __init__(self, run: Callable, sources: tuple[str, ...], args: tuple) -> None:
+    def __init__(
+        self, run: Callable, sources: tuple[str, ...], outputs: Outputs, args: tuple
+    ) -> None:
         scope = {"L": dict(zip(_PIECE_ARGS, args, strict=False))}
-        self.run = run
+        self.run, self.outputs = run, outputs
         self.inputs = [eval(src, {"__builtins__": {}}, scope) for src in sources]  # noqa: S307
         self.per_token = [
             (i, _PER_TOKEN[src]) for i, src in enumerate(sources) if src in _PER_TOKEN
@@ -268,7 +276,8 @@ class _DirectGraph:
         inputs = list(self.inputs)
         for i, which in self.per_token:
             inputs[i] = per_token[which]
-        first, second = self.run(*inputs)
+        computed = iter(self.run(*inputs))
+        first, second = (next(computed) if i is None else per_token[i] for i in self.outputs)
         return first, second
 
 
@@ -283,19 +292,22 @@ def _direct_graph(model: RecurrentLM, key: tuple, args: tuple, out: tuple) -> _D
     if _CAPTURED:
         ((run, sources, n_outputs),) = _CAPTURED
         _CAPTURED.clear()
+        named = dict(zip(_PIECE_ARGS, args, strict=False))
+        per_token = [named[name] for name in _PER_TOKEN_ARGS]
+        passed = [[i for i, t in enumerate(per_token) if t is o] for o in out]
+        outputs = tuple(p[0] if p else None for p in passed)
         fixed = ("L['w']", "L['rope']", "L['slots']")  # what stays the same object every token
         if (
             sources is None
-            or n_outputs != 2
+            or n_outputs != outputs.count(None)
             or not all(src in _PER_TOKEN or src.startswith(fixed) for src in sources)
         ):
             return None
-        direct = _DirectGraph(run, sources, args)
-        named = dict(zip(_PIECE_ARGS, args, strict=False))
-        again = direct(*(named[name] for name in _PER_TOKEN_ARGS))
+        direct = _DirectGraph(run, sources, outputs, args)
+        again = direct(*per_token)
         if not all(torch.equal(a, b) for a, b in zip(again, out, strict=True)):
             return None
-        graphs[key] = (run, sources)
+        graphs[key] = (run, sources, outputs)
         return direct
     if key not in graphs:
         return None

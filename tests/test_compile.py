@@ -171,7 +171,7 @@ def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
 def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
     # After a piece's first call its graph runs without dynamo (CompiledDecode fixes every input but
     # the per-token four). A piece whose graph passes an input through (the prelude piece's s_0, a
-    # middle chunk's e) has fewer than two graph outputs and keeps the dynamo path.
+    # middle chunk's e) has one graph output, and the direct call returns that input itself.
     from recurrent_model.compiled import CompiledDecode, _DirectGraph
     from recurrent_model.kv_cache import KVCache
 
@@ -179,7 +179,7 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
     cfg = rm.preset("tiny")
     model = rm.RecurrentLM(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
-    for steps, direct in [(3, [True]), (10, [False, False, False, True])]:
+    for steps, n_pieces in [(3, 1), (10, 4)]:
         kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
         assert torch.equal(model.generate(ids, 4, compile=True, **kw), model.generate(ids, 4, **kw))
         dec = CompiledDecode(model, KVCache(cfg, 1, 16, steps), steps)
@@ -187,7 +187,11 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
             dec(ids, 0, None)
             for pos in (5, 6):  # the second token takes the direct calls
                 logits, _ = dec(ids[:, :1], pos, None)
-        assert [isinstance(dec.direct[i], _DirectGraph) for i in range(len(direct))] == direct
+        assert all(isinstance(dec.direct[i], _DirectGraph) for i in range(n_pieces))
+        assert len(dec.direct) == n_pieces
+        outputs = [dec.direct[i].outputs for i in range(n_pieces)]
+        passes = {1: [(None, None)], 4: [(2, None), (None, 0), (None, 0), (None, None)]}
+        assert outputs == passes[n_pieces]  # s_0 passed by the prelude piece, e by the chunks
         assert logits.shape == (1, 1, cfg.vocab_size)
 
 
@@ -198,14 +202,16 @@ def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directl
     x, state = torch.ones(1, 1), torch.zeros(1, 1, 4)
     args = (None, x, None, None, state, None, None, 1, True, True)
     sources = ("L['state']", "L['x']")
-    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), sources, 2)]
+    C._CAPTURED[:] = [(lambda s, x: (x + 1,), sources, 1)]  # s is passed through
     assert C._direct_graph(model, ("bad",), args, (x + 2, state)) is None
     assert ("bad",) not in C._DIRECT[model]
-    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), ("L['state']", "L['other']"), 2)]
+    C._CAPTURED[:] = [(lambda s, x: (x + 1,), ("L['state']", "L['other']"), 1)]
     assert (
         C._direct_graph(model, ("odd",), args, (x + 1, state)) is None
     )  # an input not known fixed
-    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), sources, 2)]
+    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), sources, 2)]  # outputs ≠ results less pass-throughs
+    assert C._direct_graph(model, ("miscounted",), args, (x + 1, state)) is None
+    C._CAPTURED[:] = [(lambda s, x: (x + 1,), sources, 1)]  # s is passed through
     direct = C._direct_graph(model, ("good",), args, (x + 1, state))
     assert C._DIRECT[model][("good",)][1] == sources
     y, s = direct(torch.full((1, 1), 5.0), None, state + 3, None)  # the per-token inputs replaced
