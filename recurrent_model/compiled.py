@@ -47,16 +47,19 @@ _COMPILED: dict[str | None, Any] = {}
 _SEEN: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
 _GRAPHS = 0  # graphs compiled in this process (see _expected_recompile)
 _CAPTURED: list[tuple[Callable, tuple[str, ...] | None, int]] = []  # set by _recording_inductor
-# Decode graphs callable without dynamo, per model: graph key -> (callable, input sources, outputs)
-_DIRECT: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[Callable, tuple[str, ...], Any]]] = (
-    weakref.WeakKeyDictionary()
-)
 #: The decode piece's tensor arguments, in order (see _decode_piece), and those of them that change
 #: from token to token; every other input of its graph is fixed by the CompiledDecode (weights, RoPE
 #: table, cache slot views).
 _PIECE_ARGS = ("w", "x", "positions", "rope", "state", "slots", "key_valid")
 _PER_TOKEN_ARGS = ("x", "positions", "state", "key_valid")
 _PER_TOKEN = {f"L['{name}']": i for i, name in enumerate(_PER_TOKEN_ARGS)}
+#: A decode piece's two results: None for one its graph computes, else the index in _PER_TOKEN_ARGS of
+#: the input it passes through (dynamo returns that input itself; the graph has no output for it)
+Outputs = tuple[int | None, int | None]
+# Decode graphs callable without dynamo, per model: graph key -> (callable, input sources, outputs)
+_DIRECT: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[Callable, tuple[str, ...], Outputs]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def compile_mode(device: torch.device | str) -> str | None:
@@ -246,11 +249,6 @@ def _recording_inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Calla
     return run
 
 
-#: A decode piece's two results: None for one its graph computes, else the index in _PER_TOKEN_ARGS of
-#: the input it passes through (dynamo returns that input itself; the graph has no output for it)
-Outputs = tuple[int | None, int | None]
-
-
 class _DirectGraph:
     """One decode piece's compiled graph called without dynamo's per-call work.
 
@@ -285,8 +283,9 @@ def _direct_graph(model: RecurrentLM, key: tuple, args: tuple, out: tuple) -> _D
     """A direct caller of the graph that just ran ``args`` for ``key`` (None where there is none).
 
     The graph is taken from the compile that ``_CAPTURED`` recorded during that call, or from an earlier
-    one for this model; a newly captured graph is first rerun on the same inputs and must give the
-    same outputs (rewriting this token's cache entries with the same values).
+    one for this model. A newly captured graph must output exactly the results that are not per-token
+    inputs passed through, and is first rerun on the same inputs to give the same outputs (rewriting
+    this token's cache entries with the same values).
     """
     graphs = _DIRECT.setdefault(model, {})
     if _CAPTURED:
