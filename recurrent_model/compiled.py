@@ -293,8 +293,7 @@ def _direct_graph(model: RecurrentLM, key: tuple, args: tuple, out: tuple) -> _D
         _CAPTURED.clear()
         named = dict(zip(_PIECE_ARGS, args, strict=False))
         per_token = [named[name] for name in _PER_TOKEN_ARGS]
-        passed = [[i for i, t in enumerate(per_token) if t is o] for o in out]
-        outputs = tuple(p[0] if p else None for p in passed)
+        outputs = tuple(next((i for i, t in enumerate(per_token) if t is o), None) for o in out)
         fixed = ("L['w']", "L['rope']", "L['slots']")  # what stays the same object every token
         if (
             sources is None
@@ -453,9 +452,11 @@ class CompiledDecode:
         B, T = ids.shape
         rope = torch.view_as_real(m.rope_at(start, T))  # (T, head_dim / 2, 2): cos, sin
         positions = torch.arange(start, start + T, device=ids.device)
-        mask: torch.Tensor | None = attention_mask(positions, c.max_length, c.key_valid)
-        if c.key_valid is None:  # from position 0 top-left causal: no mask to read
-            mask = None if start == 0 else mask[None, None]
+        mask: torch.Tensor | None = None  # from position 0 unpadded: causal, no mask to read
+        if c.key_valid is not None or start > 0:
+            mask = attention_mask(positions, c.max_length, c.key_valid)
+            if c.key_valid is None:
+                mask = mask[None, None]
         shape_key = (*self.shape_key, c.key_valid is None, T)
         t0 = time.perf_counter()
         block = _compiled("prefill", self.mode)
