@@ -1,5 +1,6 @@
 """recurrent_model: the recurrent-depth language model (Huginn-0125 architecture) with hooks on every state."""
 
+from . import hook_names
 from .atomic_io import atomic_directory
 from .checkpoint import CheckpointError, load_model
 from .config import PRESETS, ConfigError, RecurrentConfig, preset
@@ -37,5 +38,6 @@ __all__ = [
     "preset",
     "sample_depth",
     "save_pretrained",
+    "hook_names",
     "split_depth",
 ]

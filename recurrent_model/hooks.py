@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .hook_names import first_step
+
 HookFn = Callable[[torch.Tensor, "Hook"], "torch.Tensor | None"]
 
 
@@ -91,3 +93,15 @@ class ActivationCache(dict):
         except KeyError:
             known = ", ".join(sorted(self)) or "nothing"
             raise KeyError(f"{key!r} was not recorded; the cache holds: {known}") from None
+
+    def at(self, name: str, step: int) -> torch.Tensor:
+        """The activation of per-iteration hook ``name`` at core ``step``, in the one numbering.
+
+        ``core.hook_state`` answers steps 0 … r (s_0 … s_r); other per-iteration hooks 1 … r.
+        """
+        stacked = self[name]
+        first = first_step(name)
+        last = first + stacked.shape[0] - 1
+        if not first <= step <= last:
+            raise IndexError(f"{name!r} holds steps {first} … {last}, got step {step}")
+        return stacked[step - first]
