@@ -22,6 +22,7 @@ import recurrent_model
 import workbench
 from recurrent_model.standin import DEFAULT_CHECKPOINT, default_model
 from recurrent_model.threads import threads_for
+from workbench.checkpoint_series import checkpoint_dirs
 from workbench.dynamics import rotation_plane
 
 from . import cost
@@ -241,6 +242,67 @@ def generation(
         ),
         "mean_steps": out.mean_steps,
     }
+
+
+@st.cache_data(max_entries=8, show_spinner="Sampling with the diffusion sampler …")
+def diffusion_run(
+    _model,
+    model_key: ModelKey,
+    token_ids: tuple[int, ...],
+    max_new_tokens: int,
+    num_steps: int,
+    inner_recurrence: int,
+    headway: int,
+    exit_t: float,
+    freeze_strategy: str,
+    init_scale: float,
+) -> dict:
+    """Greedy diffusion sampling: text, the wavefront frames and the summary counts."""
+    ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
+    with threads_for(_model):
+        out = _model.generate_diffusion(
+            ids, max_new_tokens, num_steps=num_steps, inner_recurrence=inner_recurrence,
+            headway=headway, exit_t=exit_t, freeze_strategy=freeze_strategy,
+            init_scale=init_scale, max_diffusion_steps=4 * max_new_tokens * num_steps,
+            return_details=True,
+        )  # fmt: skip
+    tok = _model.tokenizer
+    new = out.sequences[0, len(token_ids) :].tolist()
+    frame = workbench.wavefront_frame(out)
+    shown = sorted(set(frame["token"].tolist()))
+    return {
+        "text": tok.decode(new) if tok is not None else " ".join(map(str, new)),
+        "frame": frame,
+        "frontier": workbench.frontier_frame(out),
+        "token_text": dict(zip(shown, tok.token_strings(shown))) if tok is not None else None,
+        "summary": out.summary,
+        "new_tokens": len(new),
+    }
+
+
+def series_signature(run_dir: Path) -> str:
+    """Step numbers and config mtimes of the run's checkpoints: changes when a checkpoint is added."""
+    return ";".join(
+        f"{s}:{(p / 'config.json').stat().st_mtime_ns}" for s, p in checkpoint_dirs(run_dir)
+    )
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def checkpoint_series(
+    run_dir: str, text: str, num_steps: int, seeds: tuple[int, ...], signature: str
+) -> pd.DataFrame:
+    """`workbench.checkpoint_series` of one prompt, with a progress bar per checkpoint."""
+    del signature  # part of the cache key only
+    bar = st.progress(0.0, text="Analysing the checkpoints …")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"Analysed {done} of {total} checkpoints")
+
+    frame = workbench.checkpoint_series(
+        run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress
+    )
+    bar.empty()
+    return frame
 
 
 @st.cache_data(max_entries=4, show_spinner=False)

@@ -13,6 +13,7 @@ import streamlit as st
 import torch
 
 import workbench
+from recurrent_model.hook_names import STATE
 from recurrent_model.threads import threads_for
 
 ModelKey = str
@@ -81,8 +82,8 @@ def token_plane(
 
 def _hooks(vector: np.ndarray | None, plane: np.ndarray | None, mode: str, amount: float, steps):
     if mode == "rotate":
-        return [("core.hook_state", workbench.rotate_plane_hook(plane, amount, steps))]
-    return [("core.hook_state", workbench.add_vector_hook(vector, amount, steps))]
+        return [(STATE, workbench.rotate_plane_hook(plane, amount, steps))]
+    return [(STATE, workbench.add_vector_hook(vector, amount, steps))]
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

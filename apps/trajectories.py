@@ -2,8 +2,8 @@
 
 Run ``make app`` or ``streamlit run apps/trajectories.py``. The sidebar picks the checkpoint, the
 prompt (or chat) and the run (steps, seeds, init scale); the tabs show the analyses of
-``workbench``. Nothing is computed here: see ``apps/compute.py`` (cached workbench calls) and
-``apps/views.py`` (figures).
+``workbench``. Nothing is computed here: see ``apps/compute.py`` (cached workbench calls),
+``apps/views.py`` (the tabs in order) and ``apps/tab_*.py`` (one module per tab).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch  # noqa: E402
 
 from apps import compute, cost, inputs  # noqa: E402
 from apps.messages import shown_as_message  # noqa: E402
-from apps.views import VIEWS, Context  # noqa: E402
+from apps.ui import Context  # noqa: E402
+from apps.views import TABS  # noqa: E402
 from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -158,10 +159,11 @@ def main() -> None:
         f" · init scale {run.init_scale:g}"
     )
     ctx = Context(model=model, model_key=model_key, traj=traj, run=run)
-    for name, tab in zip(VIEWS, st.tabs(list(VIEWS), key="view", on_change="rerun")):
+    titles = [title for title, _ in TABS]
+    for (_, render), tab in zip(TABS, st.tabs(titles, key="view", on_change="rerun")):
         if tab.open:
             with tab, shown_as_message():
-                VIEWS[name](ctx)
+                render(ctx)
 
 
 main()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from recurrent_model.hook_names import STATE, core
 from workbench import figures, pca_direction, plane_vector
 from workbench.dynamics import MIN_TAIL
 
 from . import intervention_compute as compute
-from .views import Context, chart, default_tokens, table_download
+from .ui import Context, chart, default_tokens, table_download
 
 TOOLS = ("Patching", "Steering", "Ablation")
 
@@ -27,9 +28,7 @@ def patching_panel(ctx: Context) -> None:
     """Corrupt one token, then patch the clean activation back in at every (position, step)."""
     tok = ctx.model.tokenizer
     ids = ctx.run.token_ids
-    hooks = ["core.hook_state"] + [
-        n for n in ctx.model.hook_names() if n.startswith("core.") and n.endswith("hook_resid_post")
-    ]
+    hooks = [STATE] + [core(j) for j in range(ctx.model.config.n_layers_in_recurrent_block)]
     with st.form("patching"):
         position = ctx.token_picker(
             "Token to corrupt", "patch_position", default_tokens(ctx.traj.tokens, 1)[0]
@@ -161,7 +160,7 @@ def ablation_panel(ctx: Context) -> None:
     table_download(res.table, "ablation")
 
 
-def interventions_view(ctx: Context) -> None:
+def render(ctx: Context) -> None:
     """Patching, steering and ablation over the recurrence (one tool at a time)."""
     tool = st.radio("Tool", TOOLS, horizontal=True, key="intervention_tool")
     {"Patching": patching_panel, "Steering": steering_panel, "Ablation": ablation_panel}[tool](ctx)

@@ -1,0 +1,63 @@
+"""The Generation tab: a greedy continuation with an adaptive exit, and the iterations per token."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from recurrent_model.sampling import EXIT_CRITERIA as MODEL_EXIT_CRITERIA
+from workbench import figures
+
+from . import compute
+from .messages import shown_as_message
+from .ui import Context, chart, table_download
+
+EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
+
+
+def render(ctx: Context) -> None:
+    """Generate a continuation with an adaptive exit and show the iterations spent per token."""
+    room = ctx.model.config.block_size - len(ctx.run.token_ids)
+    with st.form("generation"):
+        new = st.number_input("New tokens", value=min(24, max(room, 1)), step=1, key="gen_new")
+        crit = st.selectbox("Exit criterion", EXIT_CRITERIA, index=1, key="gen_exit")
+        thr = st.number_input(
+            "Exit threshold (0 = the criterion's default)",
+            value=0.0,
+            format="%.1e",
+            key="gen_threshold",
+        )
+        if st.form_submit_button("Generate"):
+            st.session_state["gen_request"] = (int(new), crit, float(thr))
+    request = st.session_state.get("gen_request")
+    if request is None:
+        st.info(f"Press Generate: up to {ctx.run.num_steps} steps per token (the sidebar's steps).")
+        return
+    new, crit, thr = request
+    if not 1 <= new <= room:
+        st.error(f"New tokens must lie between 1 and {room} (the context left after the prompt).")
+        return
+    criterion = None if crit == EXIT_CRITERIA[0] else crit
+    threshold = thr if criterion is not None and thr > 0 else None
+    with shown_as_message():
+        out = compute.generation(
+            ctx.model,
+            ctx.model_key,
+            ctx.run.token_ids,
+            new,
+            ctx.run.num_steps,
+            criterion,
+            threshold,
+            ctx.run.init_scale,
+        )
+        st.code(out["text"] or "(stopped at once)", language=None, wrap_lines=True)
+        st.metric("Mean steps per token", f"{out['mean_steps']:.1f}")
+        table = out["table"]
+        if len(table):
+            chart(
+                figures.steps_per_token_bars(
+                    table["steps"], table["token"], max_steps=ctx.run.num_steps
+                ),
+                "gen_steps",
+            )
+        st.dataframe(table, hide_index=True, key="gen_table")
+        table_download(table, "generation_steps")

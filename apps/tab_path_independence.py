@@ -1,0 +1,39 @@
+"""The Path independence tab: do runs from different random s_0 reach the same states?"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench import figures
+
+from . import compute
+from .ui import PC_PAIRS, Context, chart, default_tokens, table_download
+
+
+def render(ctx: Context) -> None:
+    """Spread between seeds per step, one token's seed overlay, and the attractor distance."""
+    if ctx.traj.n_runs < 2:
+        st.info("Path independence compares seeds: enter at least two (e.g. 0, 1, 2, 3, 4).")
+        return
+    spread = compute.path_independence(ctx.traj, ctx.key)
+    chart(figures.spread_curves(spread), "spread")
+    position = ctx.token_picker("Token", "pi_token", default_tokens(ctx.traj.tokens, 1)[0])
+    pair = st.selectbox("Plane", list(PC_PAIRS), key="pi_pair")
+    coords, _ = compute.pca(ctx.traj, ctx.key, all_seeds=True)
+    if max(PC_PAIRS[pair]) < coords.shape[-1]:
+        fig = figures.seed_overlay(
+            coords, position, PC_PAIRS[pair], ctx.traj.seeds, ctx.traj.tokens
+        )
+        chart(fig, "seed_overlay")
+    if st.toggle(
+        "Aligned UMAP of this token across seeds (slow: numba compiles the first time)",
+        key="pi_aligned",
+    ):
+        embeddings = compute.aligned_umap(ctx.traj, ctx.key, position)
+        names = [f"seed {s}" for s in ctx.traj.seeds]
+        fig = figures.aligned_embeddings_figure(embeddings, names, f"token {ctx.labels[position]}")
+        chart(fig, "aligned_umap")
+    attractor = compute.attractor_distance(ctx.traj, ctx.key)
+    st.dataframe(attractor, hide_index=True, key="pi_attractor")
+    table_download(spread, "path_independence")
+    table_download(attractor, "attractor_distance")

@@ -1,0 +1,48 @@
+"""The Training tab: dynamics across training, ``workbench.checkpoint_series`` on the current prompt.
+
+Reads the ``step-N`` checkpoints of a run directory (by default the intermediate checkpoints kept with
+the default model in ``checkpoints/default/series``) and shows loss per depth, dynamics shares,
+path-independence spread and token correlation of the prompt at each training step.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench import figures
+from workbench.checkpoint_series import checkpoint_dirs
+
+from . import compute
+from .inputs import InputError, resolve_checkpoint
+from .ui import Context, chart, table_download
+
+DEFAULT_SERIES = "checkpoints/default/series"
+
+
+def render(ctx: Context) -> None:
+    """Loss per depth and dynamics of the current prompt across a run's saved checkpoints."""
+    st.caption(
+        "Every saved checkpoint of a training run, in step order, run on the current prompt: "
+        "loss at each depth, the share of fixed points / orbits / sliders, the spread between seeds "
+        "and the token correlation at the chosen number of steps."
+    )
+    text = st.text_input(
+        "Run directory (holds step-N checkpoints)", DEFAULT_SERIES, key="series_dir"
+    )
+    run_dir = resolve_checkpoint(text)
+    try:
+        found = checkpoint_dirs(run_dir)
+    except FileNotFoundError as exc:
+        raise InputError(f"{exc}. A run directory holds step-N checkpoints.") from exc
+    st.write(f"{len(found)} checkpoints: steps {', '.join(str(s) for s, _ in found)}")
+    if not st.toggle("Analyse these checkpoints", key="series_go"):
+        return
+    prompt = ctx.model.tokenizer.decode(list(ctx.run.token_ids), skip_special_tokens=True)
+    frame = compute.checkpoint_series(
+        str(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
+        compute.series_signature(run_dir),
+    )  # fmt: skip
+    chart(figures.checkpoint_series_figure(frame), "series_fig")
+    chart(figures.loss_by_depth_figure(frame), "series_depth")
+    st.dataframe(frame, hide_index=True, key="series_table")
+    table_download(frame, "checkpoint_series")

@@ -1,0 +1,61 @@
+"""The Trajectories tab: every token's path on the PC pairs, the 3-D waterfall and UMAP on request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from workbench import figures
+
+from . import compute
+from .ui import PC_PAIRS, Context, chart, default_tokens, download, table_download
+
+
+def coords_frame(coords: np.ndarray, tokens: Sequence[str]) -> pd.DataFrame:
+    """PCA coordinates (steps + 1, T, k) as a long table: step, position, token, pc1 … pck."""
+    steps, T, k = coords.shape
+    step, pos = np.meshgrid(np.arange(steps), np.arange(T), indexing="ij")
+    frame = pd.DataFrame({"step": step.ravel(), "position": pos.ravel()})
+    frame["token"] = np.asarray(tokens, dtype=object)[frame["position"]]
+    for c in range(k):
+        frame[f"pc{c + 1}"] = coords[..., c].ravel()
+    return frame
+
+
+def render(ctx: Context) -> None:
+    """PCA per PC pair per token, the 3-D waterfall, and UMAP on request."""
+    coords, evr = compute.pca(ctx.traj, ctx.key)
+    positions = st.multiselect(
+        "Tokens",
+        list(range(ctx.traj.n_tokens)),
+        default=default_tokens(ctx.traj.tokens),
+        format_func=lambda p: ctx.labels[p],
+        key="traj_tokens",
+    )
+    if positions:
+        chart(
+            figures.pc_pair_panels(coords, positions, ctx.traj.tokens, explained_variance=evr),
+            "pc_pairs",
+        )
+    else:
+        st.info("Pick at least one token to see its path on the PC pairs.")
+    pair = st.selectbox("Waterfall plane", list(PC_PAIRS), key="waterfall_pair")
+    if max(PC_PAIRS[pair]) < coords.shape[-1]:
+        chart(figures.waterfall_3d(coords, ctx.traj.tokens, components=PC_PAIRS[pair]), "waterfall")
+    if st.toggle("UMAP (slow the first time: the umap import takes ~20 s)", key="umap"):
+        fig = figures.waterfall_3d(compute.umap(ctx.traj, ctx.key), ctx.traj.tokens)
+        fig.update_layout(
+            title="UMAP of all states by token position",
+            scene=dict(yaxis_title="UMAP1", zaxis_title="UMAP2"),
+        )
+        chart(fig, "umap_waterfall")
+    download(
+        "Download trajectory (.safetensors)",
+        lambda: compute.trajectory_file(ctx.traj, ctx.key),
+        "trajectory.safetensors",
+        "dl_trajectory",
+    )
+    table_download(coords_frame(coords, ctx.traj.tokens), "pca_coordinates")
