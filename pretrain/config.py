@@ -81,6 +81,9 @@ class TrainSection:
     threads: int | None = None
     checkpoint_every: int = 100
     keep_last: int = 3
+    export_every: int = 1  # Huginn-layout weights every K checkpoints and at the end (0: end only)
+    export_dtype: str = "float32"  # or "bfloat16": the exported weights (resume reads the shards)
+    profile_steps: int = 0  # > 0: torch.profiler over the first N steps, trace in OUT/profile
     log_every: int = 10
     health_every: int = 50
     val_every: int = 100
@@ -194,6 +197,12 @@ class TrainConfig:
             raise TrainConfigError(f"distributed.shard_size must be >= 0, got {d.shard_size}")
         if t.keep_last < 1:
             raise TrainConfigError(f"train.keep_last must be >= 1, got {t.keep_last}")
+        if t.export_every < 0 or t.profile_steps < 0:
+            raise TrainConfigError("train.export_every and train.profile_steps must be >= 0")
+        if t.export_dtype not in ("float32", "bfloat16"):
+            raise TrainConfigError(
+                f"train.export_dtype={t.export_dtype!r}; choose from float32, bfloat16"
+            )
         if t.lr <= 0:
             raise TrainConfigError(f"train.lr must be > 0, got {t.lr}")
         if t.warmup_steps < 0 or t.cooldown_steps < 0:
