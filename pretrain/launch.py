@@ -83,10 +83,26 @@ def strip_nproc(argv: list[str]) -> list[str]:
     return out
 
 
+ALLOCATOR_SETTING = "expandable_segments:True"
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+def configure_allocator(env: dict[str, str] | os._Environ = os.environ) -> None:
+    """Expandable segments for the CUDA / HIP caching allocator (less fragmentation as the sampled
+    depth changes the activations' sizes), unless the user set either variable. Read when CUDA
+    initialises, so this runs before any GPU work; torchrun's ranks inherit it."""
+    if not any(name in env for name in ALLOCATOR_VARIABLES):
+        for name in ALLOCATOR_VARIABLES:
+            env[name] = ALLOCATOR_SETTING
+
+
 def main(argv: list[str] | None = None) -> int:
+    configure_allocator()
     raw_argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(raw_argv)
     relaunch = not (args.slurm_script or args.plan)
+    if relaunch and not may_start(run_directory(args.out, args.config), args.resume):
+        return 2
     if args.nproc and args.nproc > 1 and "RANK" not in os.environ and relaunch:
         from pretrain.distributed import relaunch_with_torchrun  # the ranks read the config
 
@@ -105,6 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = run_directory(args.out, args.config)
     return train(config, out, resume=args.resume, max_steps=args.max_steps)
+
+
+def may_start(out: Path, resume: bool) -> bool:
+    """False (and one line) when a launch without --resume would restart a run in ``out``."""
+    from pretrain.trainer import RunDirectoryError, refuse_existing_run
+
+    try:
+        refuse_existing_run(out, resume)
+    except RunDirectoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def print_plan(config, args: argparse.Namespace) -> int:
@@ -138,20 +166,27 @@ def print_plan(config, args: argparse.Namespace) -> int:
 
 def train(config, out: Path, resume: bool = False, max_steps: int | None = None) -> int:
     """Train in this process (one rank); returns an exit code."""
+    from pretrain.checkpoint_manager import CheckpointWriteError
     from pretrain.data import DataError
     from pretrain.distributed import init_distributed, shutdown
-    from pretrain.trainer import Trainer
+    from pretrain.trainer import RunDirectoryError, Trainer
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
     try:
         try:
             trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
-        except DataError as exc:  # e.g. data not prepared: one line, not a traceback per rank
+        except (DataError, RunDirectoryError) as exc:  # one line, not a traceback per rank
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        summary = trainer.run()
+        try:
+            summary = trainer.run()
+        except CheckpointWriteError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     finally:
         shutdown()
+    if summary.get("nothing_to_train"):
+        return 0
     if ctx.is_main:
         last = summary.pop("last", {})
         summary["loss"] = last.get("loss")

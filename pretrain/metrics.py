@@ -251,3 +251,104 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return str(value)  # JSON has no NaN/inf; keep them readable
     return value
+
+
+class MetricsLogger:
+    """The logging cadence of a run: a record is written every ``log_every`` steps, at the end and
+    with every validation; each written record gains the step time's min, median and max over the
+    ranks (one all-gather of one float per logged step), to show stragglers."""
+
+    def __init__(self, writer: MetricsWriter, ctx: Any, log_every: int) -> None:
+        self.writer, self.ctx, self.log_every = writer, ctx, log_every
+
+    def due(self, record: dict[str, Any], at_end: bool) -> bool:
+        """The same answer on every rank (the step, the end and validation are shared)."""
+        return record["step"] % self.log_every == 0 or at_end or "val_loss_1" in record
+
+    def log(self, record: dict[str, Any], at_end: bool) -> bool:
+        """Write ``record`` when it is due (collective on those steps); True when written."""
+        if not self.due(record, at_end):
+            return False
+        record.update(rank_spread(self.ctx, "step_time", float(record["step_time_s"])))
+        self.writer.write(record)
+        return True
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def rank_spread(ctx: Any, name: str, value: float) -> dict[str, float]:
+    """``{name}_min_s``, ``_median_s``, ``_max_s`` of ``value`` over the ranks (all-gather)."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    if ctx.distributed:
+        values = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+        dist.all_gather(values, mine)
+        every = torch.cat(values).cpu()
+    else:
+        every = mine.cpu()
+    ordered = every.sort().values
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {
+        f"{name}_min_s": float(ordered[0]),
+        f"{name}_median_s": float(median),
+        f"{name}_max_s": float(ordered[-1]),
+    }
+
+
+# Profiling and out-of-memory ------------------------------------------------------------------------
+def memory_snapshot_on_oom(device: torch.device, run_dir: Path, rank: int) -> str:
+    """After an out-of-memory error: the allocator's snapshot (segments, blocks and, when recording
+    was on, the allocation stacks) to RUN/memory/oom-rank-R.pickle on a GPU, for
+    https://pytorch.org/memory_viz; returns the line to print."""
+    if device.type != "cuda":
+        return (
+            f"rank {rank}: out of memory on the {device.type}: no memory snapshot (the "
+            "allocator snapshot, torch.cuda.memory._dump_snapshot, needs a GPU)"
+        )
+    path = run_dir / "memory" / f"oom-rank-{rank:05d}.pickle"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        torch.cuda.memory._dump_snapshot(str(path))
+    except Exception as exc:  # noqa: BLE001 - the OOM is re-raised by the caller either way
+        return f"rank {rank}: out of memory; writing the memory snapshot failed: {exc!r}"
+    return f"rank {rank}: out of memory; memory snapshot written to {path}"
+
+
+class StepProfiler:
+    """``train.profile_steps``: torch.profiler over the first ``steps`` steps of the run (CPU and,
+    on a GPU, CUDA activity), written as a Chrome trace to RUN/profile/trace-rank-R.json (open it in
+    https://ui.perfetto.dev or chrome://tracing). ``steps`` 0: nothing."""
+
+    def __init__(self, steps: int, run_dir: Path, rank: int) -> None:
+        self.left = int(steps)
+        self.path = run_dir / "profile" / f"trace-rank-{rank:05d}.json"
+        self._profile: Any = None
+        if self.left > 0:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self._profile = profile(activities=activities, record_shapes=True)
+            self._profile.__enter__()
+
+    def step(self) -> None:
+        """One training step done: the trace is written after the last profiled one."""
+        if self._profile is None:
+            return
+        self._profile.step()
+        self.left -= 1
+        if self.left <= 0:
+            self.close()
+
+    def close(self) -> None:
+        if self._profile is None:
+            return
+        profile, self._profile = self._profile, None
+        profile.__exit__(None, None, None)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        profile.export_chrome_trace(str(self.path))
+        print(f"profile of the first steps written to {self.path}", flush=True)

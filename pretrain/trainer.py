@@ -15,54 +15,71 @@ from typing import Any
 import numpy as np
 import torch
 
-from recurrent_model import HuginnTokenizer, RecurrentLM, sample_depth
+from recurrent_model import HuginnTokenizer, hook_names, sample_depth
 
+from .checkpoint_manager import CheckpointManager, Snapshot
 from .checkpointing import (
-    OPTIMIZER_DIR,
-    CheckpointManager,
+    CheckpointDirectory,
     capture_rng,
-    consolidate_model,
-    consolidation_plan,
-    keep_optimizer_shards,
     load_model_shards,
     load_optimizer_shards,
-    model_tensors,
     optimizer_tensors,
     parameter_names,
+    read_rank_state,
     read_state,
     restore_rng,
     rewind_metrics,
-    single_file_layout,
-    write_shards,
-    write_state_json,
 )
 from .config import TrainConfig
 from .distributed import (
     DistContext,
     bucketed_all_reduce,
+    build_model,
     local_optimizer,
     preflight_all_reduce,
     reshard_core,
     sharded_optimizer,
-    wrap_model,
 )
 from .metrics import (
+    MetricsLogger,
     MetricsWriter,
+    StepProfiler,
     flops_per_token,
+    memory_snapshot_on_oom,
     memory_stats,
     peak_flops,
     recurrence_health,
     wandb_project,
 )
 from .optimizer import ClippedAtanAdam, clip_grads_, global_grad_norm, parameter_groups
+from .precision import resolve_precision
 from .schedule import Schedule
+from .startup_checks import check_fused_attention
 
 MAX_SKIPPED_IN_A_ROW = 20
-HEALTH_HOOKS = ("core.hook_state", "hook_e", "hook_latent", "hook_final_norm")
+HEALTH_HOOKS = (hook_names.STATE, hook_names.E, hook_names.LATENT, hook_names.FINAL_NORM)
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss stayed non-finite); the message says why."""
+
+
+class RunDirectoryError(TrainingError):
+    """The output directory holds a run this launch would overwrite; the message says what to do."""
+
+
+def refuse_existing_run(out: Path, resume: bool) -> None:
+    """A launch without ``--resume`` into a directory holding checkpoints would restart at step 0
+    and later prune the newer checkpoints: refuse before anything in ``out`` changes."""
+    if resume:
+        return
+    directory = CheckpointDirectory(out / "checkpoints")
+    steps = directory.steps()
+    if steps:
+        raise RunDirectoryError(
+            f"{out} already holds checkpoints (up to step {steps[-1]}): pass --resume to "
+            "continue that run, or choose a new --out"
+        )
 
 
 def prepare(config: TrainConfig, data_dir: Path, ctx: DistContext, progress: bool) -> Any:
@@ -97,13 +114,12 @@ class Trainer:
     ) -> None:
         self.config, self.ctx = config, ctx
         self.out = Path(out_dir)
+        refuse_existing_run(self.out, resume)
         self.train_cfg = config.train
         self.stop_at = min(config.train.max_steps, max_steps or config.train.max_steps)
-        self.checkpoints = CheckpointManager(self.out / "checkpoints", config.train.keep_last)
         self.device = ctx.device
-        self.bf16 = config.train.precision == "bf16" or (
-            config.train.precision == "auto" and self.device.type == "cuda"
-        )
+        self.precision = resolve_precision(config.train.precision, self.device.type)
+        self.bf16 = self.precision.bf16
         self._signal: int | None = None
         self.step = 0
         self.skipped = 0
@@ -118,23 +134,48 @@ class Trainer:
         cfg, t = self.config, self.train_cfg
         data_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else self.out / "data"
         self.prepared = prepare(cfg, data_dir, self.ctx, t.progress and self.ctx.is_main)
-        model_cfg = cfg.model_config()
-        if self.prepared.vocab_size != model_cfg.vocab_size:
+        self.model_config = cfg.model_config()
+        if self.prepared.vocab_size != self.model_config.vocab_size:
             raise TrainingError(
                 f"the prepared data has vocab_size {self.prepared.vocab_size} but the model "
-                f"{model_cfg.vocab_size}; set data.vocab_size (the model follows it)"
+                f"{self.model_config.vocab_size}; set data.vocab_size (the model follows it)"
             )
-        self.model_config = model_cfg
+        self._build_model()
+        self.checkpoints = CheckpointManager(
+            CheckpointDirectory(self.out / "checkpoints", t.keep_last),
+            self.ctx,
+            asynchronous=cfg.distributed.async_checkpoint,
+            checkpoint_every=t.checkpoint_every,
+            export_every=t.export_every,
+            export_dtype=t.export_dtype,
+        )
+        self.schedule = Schedule(
+            t.lr, t.warmup_steps, t.max_steps, t.cooldown_steps, t.min_lr_ratio
+        )
+        # s_0 noise: a per-rank generator whose state is part of the checkpoint.
+        self.noise = torch.Generator(self.device).manual_seed(
+            1_000_003 * (t.seed + 1) + self.ctx.rank
+        )
+        self._build_loader()
+        latest = self.checkpoints.directory.latest() if resume else None
+        if latest is not None:
+            self._restore(latest)
+        elif resume and self.ctx.is_main:
+            print(f"--resume: no checkpoint in {self.checkpoints.directory.root}; starting at 0")
+        self.tokens_per_step = (
+            t.micro_batch_size * t.grad_accum * self.prepared.block_size * self.ctx.world_size
+        )
+        self.resumed_from = latest
+        self.peak, self.peak_source = peak_flops(self.device, self.bf16)
+
+    def _build_model(self) -> None:
+        """The model on this rank's device, wrapped for the strategy, and its optimizer."""
+        cfg, t = self.config, self.train_cfg
+        model_cfg = self.model_config
         torch.manual_seed(t.seed)
-        init_gen = torch.Generator().manual_seed(t.seed)
-        model = RecurrentLM(model_cfg, init_weights=False)
-        model.reset_parameters(generator=init_gen)
-        model.tokenizer = HuginnTokenizer.from_file(self.prepared.tokenizer_path)
-        latest = self.checkpoints.latest() if resume else None
-        model.activation_checkpointing = t.activation_checkpointing
-        self.model = model.to(self.device)
-        if t.compile:
-            model.compile_blocks()
+        note = check_fused_attention(self.device, self.precision, model_cfg, cfg.data.block_size)
+        if self.ctx.is_main:
+            print(note)
         if cfg.distributed.preflight_mb > 0:
             times = preflight_all_reduce(self.ctx, int(cfg.distributed.preflight_mb * 2**20))
             if self.ctx.is_main:
@@ -143,7 +184,17 @@ class Trainer:
                     f"MiB in {sum(times):.2f} s"
                 )
         strategy = cfg.distributed.strategy
-        self.wrapped = wrap_model(self.model, strategy, self.ctx, cfg.distributed.shard_size)
+        self.model, self.wrapped = build_model(
+            model_cfg,
+            self.ctx,
+            self.precision,
+            strategy,
+            seed=t.seed,
+            shard_size=cfg.distributed.shard_size,
+            activation_checkpointing=t.activation_checkpointing,
+            compile_blocks=t.compile,
+        )
+        self.model.tokenizer = HuginnTokenizer.from_file(self.prepared.tokenizer_path)
         self.sharded = self.ctx.distributed and strategy in ("fsdp", "hsdp")
         self.params = list(dict.fromkeys(self.model.parameters()))  # FSDP swaps in DTensors
         self.names = parameter_names(self.model)
@@ -153,21 +204,11 @@ class Trainer:
             self.optimizer = sharded_optimizer(groups, ClippedAtanAdam, **hyper)
         else:
             self.optimizer = ClippedAtanAdam(groups, **hyper)
-        # Checkpoint collectives get their own group, so a background save never interleaves with
-        # the training's collectives.
-        self.ckpt_group = (
-            torch.distributed.new_group(backend="gloo") if self.ctx.distributed else None
-        )
-        self._pending: dict[str, Any] | None = None
-        self.schedule = Schedule(
-            t.lr, t.warmup_steps, t.max_steps, t.cooldown_steps, t.min_lr_ratio
-        )
-        # s_0 noise: a per-rank generator whose state is part of the checkpoint.
-        self.noise = torch.Generator(self.device).manual_seed(
-            1_000_003 * (t.seed + 1) + self.ctx.rank
-        )
+
+    def _build_loader(self) -> None:
         from pretrain.data import PackedLoader
 
+        t = self.train_cfg
         self.loader = PackedLoader(
             self.prepared,
             split="train",
@@ -177,26 +218,23 @@ class Trainer:
             seed=t.seed,
         )
         self.loader_iter: Iterator = iter(self.loader)
-        if latest is not None:
-            self._restore(latest)
-        elif resume and self.ctx.is_main:
-            print(f"--resume: no checkpoint in {self.checkpoints.root}; starting from step 0")
-        self.tokens_per_step = (
-            t.micro_batch_size * t.grad_accum * self.prepared.block_size * self.ctx.world_size
-        )
-        if self.ctx.is_main:
-            self._write_run_info(resumed_from=latest)
+
+    def _open_metrics(self) -> None:
+        """run.json (or run-resume-N.json) and the metrics sinks, rewound to the resumed step."""
+        t = self.train_cfg
         metrics_path = self.out / "metrics.jsonl"
-        if self.ctx.is_main and latest is not None:
-            rewind_metrics(metrics_path, self.step)
-        self.metrics = MetricsWriter(
+        if self.ctx.is_main:
+            self._write_run_info(resumed_from=self.resumed_from)
+            if self.resumed_from is not None:
+                rewind_metrics(metrics_path, self.step)
+        writer = MetricsWriter(
             metrics_path if self.ctx.is_main else None,
             tensorboard=t.tensorboard,
             wandb_project=wandb_project(t.wandb_project),
             start_step=self.step,
             run_config=self.config.to_dict(),
         )
-        self.peak, self.peak_source = peak_flops(self.device, self.bf16)
+        self.metrics = MetricsLogger(writer, self.ctx, t.log_every)
 
     def _write_run_info(self, resumed_from: Path | None) -> None:
         """OUT/run.json: what produced this run (config, data, versions), for provenance."""
@@ -224,27 +262,36 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         """Weights, optimizer moments, counters, data position and RNG from a checkpoint written
-        by any number of ranks (each rank reads only the slices it holds)."""
+        by any number of ranks (each rank reads only the slices it holds and its own state)."""
         state = read_state(path)
-        load_model_shards(self.model, path, self.ckpt_group)
-        load_optimizer_shards(local_optimizer(self.optimizer), self.names, path, self.ckpt_group)
+        group = self.checkpoints.group
+        load_model_shards(self.model, path, group)
+        load_optimizer_shards(local_optimizer(self.optimizer), self.names, path, group)
         self.step, self.skipped, self.tokens = state["step"], state["skipped"], state["tokens"]
         if state["world_size"] == self.ctx.world_size:
-            mine = state["ranks"][self.ctx.rank]
+            mine = read_rank_state(path, self.ctx.rank, state)
             self.loader.load_state_dict(mine["loader"])
-            restore_rng(mine["rng"], {"noise": self.noise})
+            for note in restore_rng(mine["rng"], {"noise": self.noise}, self.device):
+                print(f"rank {self.ctx.rank}: resume: {note}", flush=True)
         else:
-            self._redeal_data(state)
+            self._redeal_data(self._old_loader_states(path, state))
         self.loader_iter = iter(self.loader)
         if self.ctx.is_main:
             print(f"resumed from {path} at step {self.step}")
 
-    def _redeal_data(self, state: dict[str, Any]) -> None:
+    def _old_loader_states(self, path: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every saved rank's loader state, for a resume on another rank count: rank 0 reads the
+        files and sends them to the others (one read per file, not one per rank and file)."""
+        states = None
+        if self.ctx.is_main:
+            states = [read_rank_state(path, r, state)["loader"] for r in range(state["world_size"])]
+        return self.checkpoints.shared(states)
+
+    def _redeal_data(self, old: list[dict[str, Any]]) -> None:
         """Resume on a different number of ranks: the rows consumed by all old ranks are spread
         evenly over the new ones, so each continues at the same point of its epoch. Rows are dealt
         to ranks by rank and world size, so the order of rows after this point differs from the
         run that kept its rank count (counts, optimizer and weights carry over exactly)."""
-        old = [r["loader"] for r in state["ranks"]]
         consumed = sum(o["epoch"] * (o["num_rows"] // len(old)) + o["index"] for o in old)
         per_rank = consumed // self.ctx.world_size
         rows = self.loader.rows_per_rank
@@ -275,9 +322,7 @@ class Trainer:
 
     # One optimizer step ----------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.bf16:
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return self.precision.autocast()
 
     def _sync_context(self, last: bool) -> contextlib.AbstractContextManager:
         """Skip the gradient sync on all but the last micro-batch of an accumulation."""
@@ -429,45 +474,15 @@ class Trainer:
         if sharded:
             self.model.reshard()  # type: ignore[operator]
         self.model.train()
-        return recurrence_health(
-            cache["core.hook_state"],
-            cache["hook_e"],
-            cache["hook_latent"],
-            cache["hook_final_norm"],
-        )
+        return recurrence_health(*(cache[name] for name in HEALTH_HOOKS))
 
     # Checkpoints -----------------------------------------------------------------------------------
-    def save(self) -> Path | None:
-        """Write DIR/checkpoints/step-NNNNNNN: every rank writes its own shards (in the background
-        with ``distributed.async_checkpoint``); the directory appears, and ``latest`` names it, once
-        every rank has finished. Returns the path when written synchronously (else None)."""
-        self.finish_checkpoint(wait=True)
-        staging = self._shared(
-            self.checkpoints.staging_path(self.step) if self.ctx.is_main else None
-        )
-        per_rank = {"loader": self.loader.state_dict(), "rng": capture_rng({"noise": self.noise})}
-        ranks = self.ctx.all_gather_object(per_rank)
-        if self.ctx.is_main:
-            staging.mkdir(parents=True)
-            self.model_config.to_json(staging / "config.json")
-            if self.model.tokenizer is not None:
-                self.model.tokenizer.save(staging / "tokenizer.json")
-        self.ctx.barrier()
-        asynchronous = self.config.distributed.async_checkpoint and self.ctx.distributed
-        optimizer = optimizer_tensors(local_optimizer(self.optimizer), self.names)
-        all_keys = sorted(
-            {k for keys in self.ctx.all_gather_object(sorted(optimizer)) for k in keys}
-        )
-        futures = [
-            write_shards(
-                model_tensors(self.model),
-                optimizer,
-                all_keys,
-                staging / "shards",
-                self.ckpt_group,
-                asynchronous,
-            )
-        ]
+    def snapshot(self, final: bool = False) -> Snapshot:
+        """This rank's part of a checkpoint at the current step."""
+        rank_state = {
+            "loader": self.loader.state_dict(),
+            "rng": capture_rng({"noise": self.noise}, self.device),
+        }
         state = {
             "step": self.step,
             "skipped": self.skipped,
@@ -477,136 +492,162 @@ class Trainer:
             "schedule": asdict(self.schedule),
             "config": self.config.to_dict(),
             "corpus_hash": self.prepared.corpus_hash,
-            "ranks": ranks,
         }
-        self._pending = {"futures": futures, "staging": staging, "state": state}
-        return self.finish_checkpoint(wait=not asynchronous)
+        optimizer = optimizer_tensors(local_optimizer(self.optimizer), self.names)
+        return Snapshot(self.step, self.model, optimizer, rank_state, state, final)
 
-    def finish_checkpoint(self, wait: bool) -> Path | None:
-        """Publish the checkpoint being written once every rank's shards are on disk: consolidate
-        the model into the Huginn layout (each rank writes some of its files), write
-        trainer_state.json, rename the directory into place, point ``latest`` at it. With
-        ``wait=False`` it returns at once unless every rank has finished. Collective."""
-        if self._pending is None:
-            return None
-        futures = [f for f in self._pending["futures"] if f is not None]
-        if wait:
-            for future in futures:
-                future.result()
-        elif self.ctx.any(not all(f.done() for f in futures)):
-            return None
-        pending, self._pending = self._pending, None
-        staging, state = pending["staging"], pending["state"]
-        shards = staging / "shards"
-        plan = consolidation_plan(self.model, self.ctx.world_size)
-        consolidate_model(shards, staging, plan, self.ckpt_group)
-        self.ctx.barrier()
-        path = None
-        if self.ctx.is_main:
-            keep_optimizer_shards(shards, staging / OPTIMIZER_DIR)
-            single_file_layout(staging, plan)
-            write_state_json(staging, state)
-            path = self.checkpoints.publish(staging, state["step"])
-        self.ctx.barrier()
-        return path
-
-    def _shared(self, value: Any) -> Any:
-        """Rank 0's ``value`` on every rank."""
-        if not self.ctx.distributed:
-            return value
-        box = [value]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
+    def save(self, final: bool = False) -> Path | None:
+        """Start the checkpoint of the current step (see ``CheckpointManager.save``)."""
+        self._saved_step = self.step
+        return self.checkpoints.save(self.snapshot(final))
 
     # The loop --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        t = self.train_cfg
-        previous = self._install_signals()
-        bar = None
-        if self.ctx.is_main and t.progress:
-            from .progress import progress_bar  # log lines instead of a bar when not on a TTY
-
-            bar = progress_bar(total=self.stop_at, initial=self.step, desc="train")
-        if self.ctx.is_main:
-            print(
-                f"model {self.model_config.shape_summary()}, "
-                f"{self.model.num_parameters() / 1e6:.2f}M parameters; "
-                f"{self.tokens_per_step} tokens/step; peak {self.peak_source}"
-            )
-        last_saved = self.step if self.checkpoints.latest() is not None else -1
-        record: dict[str, Any] = {}
-        skipped_in_row = 0
+        """Train from the current step to the stop step; checkpoints, validation and telemetry."""
         started = time.perf_counter()
+        if self.step >= self.stop_at:
+            return self._nothing_to_train(started)
+        self._open_metrics()
+        previous = self._install_signals()
+        bar = self._progress_bar()
+        self._saved_step = self.step if self.resumed_from is not None else -1
+        record: dict[str, Any] = {}
+        profiler = StepProfiler(self.train_cfg.profile_steps, self.out, self.ctx.rank)
         try:
-            while self.step < self.stop_at:
-                record = self.train_step()
-                skipped_in_row = skipped_in_row + 1 if record.get("skipped") else 0
-                if record.get("skipped") and self.ctx.is_main:
-                    self._say(
-                        bar,
-                        f"step {self.step}: non-finite gradient norm "
-                        f"(loss {record['loss']}); update skipped "
-                        f"({self.skipped} skipped so far)",
-                    )
-                if skipped_in_row >= MAX_SKIPPED_IN_A_ROW:
-                    raise TrainingError(
-                        f"{skipped_in_row} steps in a row had a non-finite loss/gradient "
-                        f"(last loss {record['loss']}); lower train.lr or check the data"
-                    )
-                at_end = self.step >= self.stop_at
-                if self.step % t.health_every == 0 or at_end:
-                    record.update(self.health())
-                if self.step % t.val_every == 0 or at_end:
-                    record.update(self.validate())
-                record.update(memory_stats(self.device))
-                if self.step % t.log_every == 0 or at_end or "val_loss_1" in record:
-                    self.metrics.write(record)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        loss=f"{record['loss']:.3f}",
-                        gnorm=f"{record['grad_norm']:.2f}",
-                        lr=f"{record['lr']:.1e}",
-                        tok_s=f"{record['tokens_per_s']:.0f}",
-                        mfu=f"{record.get('mfu', 0):.2f}",
-                        r=f"{record['depth_no_grad']}+{record['depth_grad']}",
-                    )
-                if any(k.startswith("val_loss_") for k in record) and self.ctx.is_main:
-                    vals = " ".join(
-                        f"{k[9:]}:{v:.3f}" for k, v in record.items() if k.startswith("val_loss_")
-                    )
-                    self._say(bar, f"step {self.step} val loss by depth {vals}")
-                stop = self.ctx.any(self._signal is not None)
-                if self._pending is not None:  # an asynchronous save may have finished
-                    self.finish_checkpoint(wait=False)
-                if self.step % t.checkpoint_every == 0 or at_end or stop:
-                    self.save()
-                    last_saved = self.step
-                if stop:
-                    self.finish_checkpoint(wait=True)
-                    self._say(
-                        bar,
-                        f"signal received: checkpoint at step {self.step} written, "
-                        "stopping (resume with --resume)",
-                    )
-                    break
-            if last_saved != self.step:
-                self.save()
-            self.finish_checkpoint(wait=True)
+            record = self._loop(bar, profiler)
+            if self._saved_step != self.step:
+                self.save(final=self.step >= self.stop_at)
+            self.checkpoints.wait()
         finally:
+            profiler.close()
             if bar is not None:
                 bar.close()
             self.metrics.close()
+            self.checkpoints.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        return self._summary(record, started)
+
+    def _loop(self, bar: Any, profiler: StepProfiler) -> dict[str, Any]:
+        """The steps until the stop step or an agreed signal; returns the last record."""
+        record: dict[str, Any] = {}
+        skipped_in_row = 0
+        while self.step < self.stop_at:
+            record = self._guarded_step()
+            profiler.step()
+            skipped_in_row = skipped_in_row + 1 if record.get("skipped") else 0
+            self._check_skipped(record, skipped_in_row, bar)
+            at_end = self.step >= self.stop_at
+            self._evaluate(record, at_end)
+            self.metrics.log(record, at_end)
+            self._show(bar, record)
+            if self._checkpoint(at_end, bar):
+                break
+        return record
+
+    def _guarded_step(self) -> dict[str, Any]:
+        """``train_step``; on out-of-memory a memory snapshot goes to the run directory first."""
+        try:
+            return self.train_step()
+        except torch.OutOfMemoryError:
+            print(memory_snapshot_on_oom(self.device, self.out, self.ctx.rank), flush=True)
+            raise
+
+    def _check_skipped(self, record: dict[str, Any], in_a_row: int, bar: Any) -> None:
+        if record.get("skipped") and self.ctx.is_main:
+            self._say(
+                bar,
+                f"step {self.step}: non-finite gradient norm (loss {record['loss']}); update "
+                f"skipped ({self.skipped} skipped so far)",
+            )
+        if in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise TrainingError(
+                f"{in_a_row} steps in a row had a non-finite loss/gradient "
+                f"(last loss {record['loss']}); lower train.lr or check the data"
+            )
+
+    def _evaluate(self, record: dict[str, Any], at_end: bool) -> None:
+        t = self.train_cfg
+        if self.step % t.health_every == 0 or at_end:
+            record.update(self.health())
+        if self.step % t.val_every == 0 or at_end:
+            record.update(self.validate())
+        record.update(memory_stats(self.device))
+
+    def _checkpoint(self, at_end: bool, bar: Any) -> bool:
+        """Publish a finished background save; save on the cadence, at the end, or when any rank
+        got SIGTERM/SIGUSR1 (agreed by a collective). True: stop now."""
+        stop = self.ctx.any(self._signal is not None)
+        self.checkpoints.poll()
+        if self.step % self.train_cfg.checkpoint_every == 0 or at_end or stop:
+            self.save(final=at_end)
+        if stop:
+            self.checkpoints.wait()
+            self._say(
+                bar,
+                f"signal received: checkpoint at step {self.step} written, "
+                "stopping (resume with --resume)",
+            )
+        return stop
+
+    def _nothing_to_train(self, started: float) -> dict[str, Any]:
+        """A resume at or past the stop step: say so; write nothing."""
+        if self.ctx.is_main:
+            print(
+                f"the run in {self.out} is at step {self.step}, at or past the stop step "
+                f"{self.stop_at} (--max-steps / train.max_steps): nothing to train",
+                flush=True,
+            )
+        self.checkpoints.close()
+        summary = self._summary({}, started)
+        summary["nothing_to_train"] = True
+        return summary
+
+    def _summary(self, record: dict[str, Any], started: float) -> dict[str, Any]:
+        latest = self.checkpoints.directory.latest()
         return {
             "step": self.step,
             "skipped": self.skipped,
             "tokens": self.tokens,
             "wall_s": time.perf_counter() - started,
             "last": record,
-            "latest": str(self.checkpoints.latest()),
+            "latest": str(latest),
+            "rank_state_bytes": self.checkpoints.rank_state_bytes,
         }
+
+    # Progress --------------------------------------------------------------------------------------
+    def _progress_bar(self) -> Any:
+        """The progress bar on rank 0 (log lines instead when not on a TTY), after one line
+        naming the model and the step."""
+        if not self.ctx.is_main:
+            return None
+        print(
+            f"model {self.model_config.shape_summary()}, "
+            f"{self.model.num_parameters() / 1e6:.2f}M parameters; "
+            f"{self.tokens_per_step} tokens/step; peak {self.peak_source}"
+        )
+        if not self.train_cfg.progress:
+            return None
+        from .progress import progress_bar
+
+        return progress_bar(total=self.stop_at, initial=self.step, desc="train")
+
+    def _show(self, bar: Any, record: dict[str, Any]) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{record['loss']:.3f}",
+                gnorm=f"{record['grad_norm']:.2f}",
+                lr=f"{record['lr']:.1e}",
+                tok_s=f"{record['tokens_per_s']:.0f}",
+                mfu=f"{record.get('mfu', 0):.2f}",
+                r=f"{record['depth_no_grad']}+{record['depth_grad']}",
+            )
+        if any(k.startswith("val_loss_") for k in record) and self.ctx.is_main:
+            vals = " ".join(
+                f"{k[9:]}:{v:.3f}" for k, v in record.items() if k.startswith("val_loss_")
+            )
+            self._say(bar, f"step {self.step} val loss by depth {vals}")
 
     @staticmethod
     def _say(bar: Any, message: str) -> None:

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import recurrent_model
-from pretrain.checkpointing import CheckpointManager
+from pretrain.checkpointing import CheckpointDirectory
 from pretrain.launch import main as launch_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
 
 def test_run_writes_huginn_checkpoints_metrics_and_validation(setup):
     _, _, run = setup
-    manager = CheckpointManager(run / "checkpoints")
+    manager = CheckpointDirectory(run / "checkpoints")
     assert manager.steps() == [4, 8]  # keep_last = 2
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000008"
     rows = metrics(run)
@@ -147,8 +147,11 @@ def test_checkpoint_loads_with_recurrent_model_and_generates(setup):
     ids = torch.tensor([model.tokenizer.encode("the model")])
     out = model.generate(ids, max_new_tokens=4, num_steps=4)
     assert out.shape == (1, ids.shape[1] + 4)
-    state = json.loads((run / "checkpoints" / "step-0000008" / "trainer_state.json").read_text())
-    assert state["step"] == 8 and state["ranks"][0]["loader"]["split"] == "train"
+    final = run / "checkpoints" / "step-0000008"
+    state = json.loads((final / "trainer_state.json").read_text())
+    assert state["step"] == 8 and "ranks" not in state and state["exported"] is True
+    rank = json.loads((final / "ranks" / "rank-000000.json").read_text())
+    assert rank["loader"]["split"] == "train" and set(rank["rng"]) >= {"python", "torch"}
 
 
 def test_exact_resume_after_kill_9(setup, tmp_path):
@@ -189,8 +192,8 @@ def test_exact_resume_after_kill_9(setup, tmp_path):
     final_b = run / "checkpoints" / "step-0000008"
     names = sorted(str(p.relative_to(final_a)) for p in final_a.rglob("*.safetensors"))
     assert names == sorted(str(p.relative_to(final_b)) for p in final_b.rglob("*.safetensors"))
-    assert any(n.startswith("optimizer/") for n in names) and any("model" in n for n in names)
-    for name in names:  # the consolidated weights and the optimizer shards
+    assert any(n.startswith("shards/") for n in names) and "model.safetensors" in names
+    for name in names:  # the consolidated weights and the model and optimizer shards
         ta, tb = load_file(final_a / name), load_file(final_b / name)
         assert ta.keys() == tb.keys()
         for key in ta:
@@ -203,7 +206,7 @@ def test_kill_during_checkpoint_write_keeps_previous(setup, tmp_path):
     marker = tmp_path / "writing"
     script = driver(
         tmp_path,
-        "import pretrain.trainer as tr\n"
+        "import pretrain.checkpoint_manager as tr\n"
         "orig = tr.write_state_json\n"
         "def slow(directory, state):\n"
         "    orig(directory, state)\n"

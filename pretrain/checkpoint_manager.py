@@ -1,0 +1,234 @@
+"""The checkpoint cycle of a training run: stage a directory, let every rank write its shards and its
+own state (synchronously, or in the background with ``dcp.async_save`` through pinned staging memory
+kept across saves), agree that every rank's write succeeded, export the model in the Huginn layout
+when the cadence asks for it, publish the directory and ``latest``, and prune old checkpoints in a
+background thread. The layout is described in ``pretrain/checkpointing.py``."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpointing import (
+    EXPORT_DTYPES,
+    SHARDS_DIR,
+    CheckpointDirectory,
+    consolidation_plan,
+    export_model,
+    finish_export,
+    model_tensors,
+    pinned_stager,
+    write_rank_state,
+    write_shards,
+    write_state_json,
+)
+from .distributed import DistContext
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint write failed on some rank; the checkpoint was not published."""
+
+
+@dataclass
+class Snapshot:
+    """What one checkpoint holds: this rank's tensors and state, and the run's shared state."""
+
+    step: int
+    model: nn.Module
+    optimizer: dict[str, torch.Tensor]
+    rank_state: dict[str, Any]  # this rank's data position and RNG, stored as it is
+    state: dict[str, Any]  # the run's counters and config (rank 0 writes it)
+    final: bool = False  # the run's last checkpoint: always exported
+
+
+@dataclass
+class _Pending:
+    staging: Path
+    snapshot: Snapshot
+    export: bool
+    future: Future | None = None
+    error: BaseException | None = field(default=None)
+
+
+class CheckpointManager:
+    """Saves a run's checkpoints into ``directory`` (collective calls: every rank calls each
+    method at the same point). ``save`` starts a checkpoint, ``poll`` publishes a background save
+    once every rank has finished, ``wait`` finishes it, ``close`` ends the cycle."""
+
+    def __init__(
+        self,
+        directory: CheckpointDirectory,
+        ctx: DistContext,
+        *,
+        asynchronous: bool = False,
+        checkpoint_every: int = 100,
+        export_every: int = 1,
+        export_dtype: str = "float32",
+    ) -> None:
+        self.directory, self.ctx = directory, ctx
+        self.asynchronous = asynchronous and ctx.distributed
+        self.checkpoint_every, self.export_every = checkpoint_every, export_every
+        self.export_dtype = EXPORT_DTYPES[export_dtype]
+        # Checkpoint collectives get their own group, so a background save never interleaves with
+        # the training's collectives.
+        self.group = torch.distributed.new_group(backend="gloo") if ctx.distributed else None
+        self.stager = pinned_stager() if self.asynchronous else None
+        self._pruner = ThreadPoolExecutor(1, "prune") if ctx.is_main else None
+        self._pruning: Future | None = None
+        self._pending: _Pending | None = None
+        self.rank_state_bytes = 0  # this rank's own state file, at the last save
+
+    @property
+    def busy(self) -> bool:
+        """A save has started and is not published yet."""
+        return self._pending is not None
+
+    def exports(self, step: int, final: bool) -> bool:
+        """Whether the checkpoint of ``step`` is consolidated into the Huginn layout: the last one,
+        and every ``export_every``-th of the cadence (0: the last only)."""
+        every = self.export_every * self.checkpoint_every
+        return final or (self.export_every > 0 and step % every == 0)
+
+    # Saving ---------------------------------------------------------------------------------------
+    def save(self, snapshot: Snapshot) -> Path | None:
+        """Write ``snapshot`` as DIR/step-NNNNNNN: every rank its own shards and state file. The
+        directory appears, and ``latest`` names it, once every rank's write succeeded. Returns the
+        path when written synchronously (else None; ``poll``/``wait`` publish it)."""
+        self.wait()
+        staging = self.shared(
+            self.directory.staging_path(snapshot.step) if self.ctx.is_main else None
+        )
+        if self.ctx.is_main:
+            staging.mkdir(parents=True)
+            model = snapshot.model
+            model.config.to_json(staging / "config.json")  # type: ignore[union-attr]
+            if getattr(model, "tokenizer", None) is not None:
+                model.tokenizer.save(staging / "tokenizer.json")  # type: ignore[union-attr]
+        self.ctx.barrier()
+        self.rank_state_bytes = write_rank_state(staging, self.ctx.rank, snapshot.rank_state)
+        pending = _Pending(staging, snapshot, self.exports(snapshot.step, snapshot.final))
+        all_keys = sorted(
+            {k for keys in self.ctx.all_gather_object(sorted(snapshot.optimizer)) for k in keys}
+        )
+        try:
+            pending.future = write_shards(
+                model_tensors(snapshot.model),
+                snapshot.optimizer,
+                all_keys,
+                staging / SHARDS_DIR,
+                self.group,
+                self.asynchronous,
+                self.stager,
+            )
+        except Exception as exc:  # noqa: BLE001 - every rank reports, then all stop together
+            pending.error = exc
+        self._pending = pending
+        return None if self.asynchronous else self.wait()
+
+    def poll(self) -> Path | None:
+        """Publish a background save if every rank has finished writing it (else return None)."""
+        if self._pending is None:
+            return None
+        future = self._pending.future
+        if self.ctx.any(future is not None and not future.done()):
+            return None
+        return self._finish()
+
+    def wait(self) -> Path | None:
+        """Finish the save in flight (if any): wait for every rank, then publish it."""
+        if self._pending is None:
+            return None
+        if self._pending.future is not None:
+            try:
+                self._pending.future.result()
+            except Exception:  # noqa: BLE001 - collected by _finish
+                pass
+        return self._finish()
+
+    def close(self) -> None:
+        """Finish the save in flight, let pruning end, release the staging memory."""
+        try:
+            self.wait()
+        finally:
+            if self._pruner is not None:
+                self._pruner.shutdown(wait=True)
+            if self.stager is not None:
+                self.stager.close()
+
+    # Publishing -----------------------------------------------------------------------------------
+    def _finish(self) -> Path | None:
+        """Every rank's result, agreed over the ranks; export, publish and prune on success."""
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        error = pending.error or _future_error(pending.future)
+        failed = self.ctx.all_reduce(
+            torch.tensor([float(error is not None)], device=self.ctx.device)
+        )
+        if failed.item() > 0:
+            self._abandon(pending, error, int(failed.item()))
+        snapshot = pending.snapshot
+        if pending.export:
+            plan = consolidation_plan(snapshot.model, self.ctx.world_size)
+            export_model(pending.staging, plan, self.export_dtype, self.group)
+        self.ctx.barrier()
+        path = None
+        if self.ctx.is_main:
+            if pending.export:
+                finish_export(pending.staging, plan)
+            write_state_json(pending.staging, {**snapshot.state, "exported": pending.export})
+            path = self.directory.publish(pending.staging, snapshot.step)
+            self._prune_in_background()
+        self.ctx.barrier()
+        return path
+
+    def _abandon(self, pending: _Pending, error: BaseException | None, ranks: int) -> None:
+        """A failed write: remove its staging directory, say why, stop every rank."""
+        name = f"checkpoint step {pending.snapshot.step}"
+        if error is not None:
+            print(f"rank {self.ctx.rank}: {name}: write failed: {error!r}", flush=True)
+        self.ctx.barrier()
+        if self.ctx.is_main:
+            shutil.rmtree(pending.staging, ignore_errors=True)
+            self.directory.done_writing(pending.staging)
+        latest = self.directory.latest()
+        raise CheckpointWriteError(
+            f"{name} was not published: its write failed on {ranks} of {self.ctx.world_size} "
+            f"rank(s); latest still names {latest.name if latest else 'no checkpoint'}"
+        ) from error
+
+    def _prune_in_background(self) -> None:
+        """Old checkpoints are deleted by a background thread (one prune after another), off the
+        training's critical path."""
+        assert self._pruner is not None
+        self._pruning = self._pruner.submit(self.directory.prune)
+        self._pruning.add_done_callback(_report_prune_error)
+
+    def shared(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        if not self.ctx.distributed:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def _report_prune_error(future: Future) -> None:
+    error = future.exception()
+    if error is not None:
+        print(f"pruning old checkpoints failed: {error!r} (they stay on disk)", flush=True)
+
+
+def _future_error(future: Future | None) -> BaseException | None:
+    if future is None:
+        return None
+    try:
+        future.result()
+    except Exception as exc:  # noqa: BLE001 - the write's failure, reported by the caller
+        return exc
+    return None
