@@ -9,11 +9,15 @@ from .checkpoint_series import checkpoint_series
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
 from .dynamics import classify_dynamics
+from .explain_dynamics import explain_dynamics
+from .fixed_point import FixedPointResult, fixed_point
 from .lenses import lens, sublayer_lens
+from .lyapunov import lyapunov_spectrum
 from .patching import patch_states
 from .path_independence import attractor_distance, path_independence
 from .probes import ProbeResult, correctness_probe, iteration_probe, trajectory_features
 from .projections import aligned_umap, project
+from .spectrum import fixed_point_spectrum
 from .steering import (
     SteeringEffect,
     add_vector_hook,
@@ -26,12 +30,14 @@ from .steering import (
     steering_sweep,
 )
 from .step_dynamics import step_dynamics
+from .stretch_attribution import stretch_attribution
 from .token_correlation import token_correlation
 from .trajectory import Trajectory
 from .wavefront import frontier_frame, wavefront_frame
 
 __all__ = [
     "AblationResult",
+    "FixedPointResult",
     "ProbeResult",
     "SteeringEffect",
     "Trajectory",
@@ -46,9 +52,13 @@ __all__ = [
     "convergence",
     "correctness_probe",
     "difference_of_means",
+    "explain_dynamics",
+    "fixed_point",
+    "fixed_point_spectrum",
     "frontier_frame",
     "iteration_probe",
     "lens",
+    "lyapunov_spectrum",
     "patch_states",
     "path_independence",
     "pca_direction",
@@ -63,6 +73,7 @@ __all__ = [
     "steering_sweep",
     "step_dynamics",
     "steps_to_converge",
+    "stretch_attribution",
     "sublayer_lens",
     "token_correlation",
     "token_rotation_plane",

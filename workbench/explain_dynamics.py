@@ -1,0 +1,167 @@
+"""Why a token orbits or slides: its fixed point, that point's stability and the eigenvalue responsible.
+
+For each token ``classify_dynamics`` calls an orbit or a slider, the token's fixed point is searched for
+(Anderson on its block map, the other positions held at s_r, from s_r) and the leading eigenvalues of
+its Jacobian block there are read (Arnoldi). The classifier's verdict is then matched with theory:
+
+- a period-2 flip: an unstable fixed point with a real eigenvalue below −1;
+- a rotation: a complex pair with |λ| ≥ 1, whose angle predicts the period 2π/|arg λ|;
+- a slider: an eigenvalue near +1 (a line of near-fixed points).
+
+A token whose fixed point is stable, or that has none within ``max_iter`` passes, is said to be so: its
+orbit is then not born from that point (another attractor, or a long transient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+import recurrent_model as rm
+
+from .collect import collect, token_strings
+from .core_map import CoreMap, as_batch
+from .dynamics import classify_dynamics
+from .fixed_point import solve
+from .spectrum import leading_eigenvalues
+
+#: |λ − 1| below this makes an eigenvalue "near +1" (a slider's).
+SLIDER_TOL = 0.05
+#: |Im λ| / |λ| below this makes an eigenvalue real.
+REAL_TOL = 1e-6
+
+
+def classify_eigenvalue(value: complex) -> str:
+    """flip (real < −1), rotation (complex, |λ| ≥ 1), slider (≈ +1), unstable, or stable."""
+    real = abs(value.imag) <= REAL_TOL * max(abs(value), 1e-30)
+    if real and value.real < -1:
+        return "flip"
+    if abs(value - 1) < SLIDER_TOL:
+        return "slider"
+    if not real and abs(value) >= 1:
+        return "rotation"
+    return "unstable" if abs(value) >= 1 else "stable"
+
+
+def responsible_eigenvalue(values: np.ndarray, expected: str) -> tuple[complex, str]:
+    """The eigenvalue that explains ``expected`` (flip, rotation, slider), else the largest one."""
+    kinds = [classify_eigenvalue(v) for v in values]
+    for value, kind in zip(values, kinds):
+        if kind == expected:
+            return complex(value), kind
+    return complex(values[0]), kinds[0]
+
+
+def expected_mechanism(kind: str, flip: bool) -> str:
+    """What theory expects for a classifier verdict."""
+    if kind == "slider":
+        return "slider"
+    if kind == "orbit":
+        return "flip" if flip else "rotation"
+    return "stable"
+
+
+def _note(found: bool, expected: str, mechanism: str, measured: float, predicted: float) -> str:
+    if not found:
+        return "no fixed point found within max_iter passes"
+    if mechanism == expected == "rotation":
+        return f"rotation: predicted period {predicted:.2f} vs measured {measured:.2f}"
+    if mechanism == expected:
+        return f"{mechanism}, as the classifier's verdict predicts"
+    if mechanism == "stable":
+        return f"the fixed point is stable: the {expected} is not born from it"
+    return f"expected a {expected} eigenvalue, the leading one is a {mechanism}"
+
+
+def explain_token(
+    core: CoreMap, context: torch.Tensor, position: int, k: int, tol: float, max_iter: int
+) -> dict[str, object]:
+    """Fixed point and leading eigenvalues of one token's block map, others at ``context``."""
+    block = core.block(position, context)
+    found = solve(block, context[position], "anderson", tol, max_iter)
+    out: dict[str, object] = {
+        "fixed_point_found": found.converged,
+        "residual": found.residual,
+        "fixed_point_passes": found.passes,
+        "distance_from_final": float(
+            (found.state - context[position]).norm() / context[position].norm()
+        ),
+    }
+    out["eigenvalues"] = leading_eigenvalues(block, found.state, k) if found.converged else None
+    return out
+
+
+def explain_dynamics(
+    model: rm.RecurrentLM,
+    input_ids: torch.Tensor | Sequence[int],
+    num_steps: int | None = None,
+    *,
+    k: int = 8,
+    seed: int = 0,
+    init_scale: float = 1.0,
+    tol: float = 1e-5,
+    max_iter: int = 300,
+    kinds: Sequence[str] = ("orbit", "slider"),
+) -> pd.DataFrame:
+    """One row per token of ``kinds`` (classified on s_0 … s_num_steps, default 4 r̄): its fixed point
+    and the eigenvalue responsible for what the classifier saw.
+
+    Columns ``position``, ``token``, ``kind``, ``flip``, ``measured_period``, ``fixed_point_found``,
+    ``residual``, ``fixed_point_passes``, ``distance_from_final`` (‖s* − s_r‖/‖s_r‖), ``stable``
+    (NaN without a fixed point), ``spectral_radius``, ``mechanism`` (flip, rotation, slider, unstable,
+    stable, or "no fixed point"), ``eig_real``, ``eig_imag``, ``eig_modulus``, ``eig_angle``,
+    ``predicted_period`` (2π/|angle| for a complex eigenvalue) and ``note``, a sentence.
+    """
+    ids = as_batch(input_ids)
+    if ids.shape[0] != 1:
+        raise ValueError(f"explain_dynamics takes one prompt row, got {ids.shape[0]}")
+    steps = 4 * model.config.mean_recurrence if num_steps is None else int(num_steps)
+    traj = collect(model, ids[0].tolist(), steps, seeds=(seed,), init_scale=init_scale,
+                   normalized=False, progress=False)  # fmt: skip
+    verdicts = classify_dynamics(traj.normalized_states[0])
+    core = CoreMap.from_model(model, ids)
+    context = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0, -1])).to(core.dtype)
+    labels = token_strings(model, ids[0].tolist())
+    rows = []
+    for position, verdict in verdicts.iterrows():
+        if verdict["kind"] not in kinds:
+            continue
+        info = explain_token(core, context, int(position), k, tol, max_iter)
+        rows.append(_row(int(position), labels[int(position)], verdict, info))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+COLUMNS = [
+    "position", "token", "kind", "flip", "measured_period", "fixed_point_found", "residual",
+    "fixed_point_passes", "distance_from_final", "stable", "spectral_radius", "mechanism",
+    "eig_real", "eig_imag", "eig_modulus", "eig_angle", "predicted_period", "note",
+]  # fmt: skip
+
+
+def _row(
+    position: int, token: str, verdict: pd.Series, info: dict[str, object]
+) -> dict[str, object]:
+    flip = bool(verdict.get("flip", False))
+    measured = float(verdict.get("period", np.nan))
+    expected = expected_mechanism(str(verdict["kind"]), flip)
+    row = {"position": position, "token": token, "kind": verdict["kind"], "flip": flip,
+           "measured_period": measured}  # fmt: skip
+    row.update({key: info[key] for key in ("fixed_point_found", "residual", "fixed_point_passes",
+                                            "distance_from_final")})  # fmt: skip
+    values = info["eigenvalues"]
+    if values is None:
+        row.update(stable=np.nan, spectral_radius=np.nan, mechanism="no fixed point", eig_real=np.nan,
+                   eig_imag=np.nan, eig_modulus=np.nan, eig_angle=np.nan, predicted_period=np.nan)  # fmt: skip
+        row["note"] = _note(False, expected, "", measured, np.nan)
+        return row
+    value, mechanism = responsible_eigenvalue(np.asarray(values), expected)
+    angle = float(np.angle(value))
+    predicted = 2 * np.pi / abs(angle) if abs(value.imag) > REAL_TOL * abs(value) else np.nan
+    row.update(stable=bool(np.abs(values).max() < 1), spectral_radius=float(np.abs(values).max()),
+               mechanism=mechanism, eig_real=value.real, eig_imag=value.imag, eig_modulus=abs(value),
+               eig_angle=angle, predicted_period=predicted)  # fmt: skip
+    row["note"] = _note(True, expected, mechanism, measured, predicted)
+    return row

@@ -1,0 +1,149 @@
+"""The leading eigenvalues (and singular values) of a token's Jacobian block ∂F_t/∂s_t, matrix-free.
+
+Implicitly restarted Arnoldi (``scipy.sparse.linalg.eigs``) on a LinearOperator whose matvec is one JVP
+of the token's block map: the k largest-modulus eigenvalues without ever forming the h × h block. At a
+fixed point they say why the token behaves as it does: all inside the unit circle = stable (the largest
+modulus is the convergence rate), a real one below −1 = a flip, a complex pair outside = a rotation
+with period ≈ 2π/angle, one near +1 = a slider. Singular values come from ``svds`` with JVPs and VJPs.
+When k ≥ h − 1 (Arnoldi's limit) the block is small enough to read column by column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.sparse.linalg import LinearOperator, eigs, svds
+from torch.func import jvp, vjp, vmap
+
+import recurrent_model as rm
+
+from .core_map import StateFn, problems
+from .fixed_point import solve
+
+
+def jacobian_operator(f: StateFn, x: torch.Tensor, adjoint: bool = True) -> LinearOperator:
+    """J = ∂f/∂x at x (flattened) as a float64 LinearOperator: matvec a JVP, rmatvec a VJP."""
+    shape, dtype, n = x.shape, x.dtype, x.numel()
+
+    def to_torch(v: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64).reshape(shape)).to(dtype)
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        return jvp(f, (x,), (to_torch(v),))[1].double().flatten().numpy()
+
+    pullback = vjp(f, x)[1] if adjoint else None
+
+    def rmatvec(v: np.ndarray) -> np.ndarray:
+        return pullback(to_torch(v))[0].double().flatten().numpy()
+
+    return LinearOperator(
+        (n, n), matvec=matvec, rmatvec=rmatvec if adjoint else None, dtype=np.float64
+    )
+
+
+def dense_jacobian(f: StateFn, x: torch.Tensor) -> np.ndarray:
+    """The Jacobian of a small map, one JVP per column (only for n ≤ a few hundred)."""
+    n = x.numel()
+    basis = torch.eye(n, dtype=x.dtype).view(n, *x.shape)
+    columns = vmap(lambda v: jvp(f, (x,), (v,))[1].flatten())(basis)
+    return columns.double().numpy().T
+
+
+def leading_eigenvalues(f: StateFn, x: torch.Tensor, k: int, seed: int = 0) -> np.ndarray:
+    """The k largest-modulus eigenvalues of ∂f/∂x at x, sorted by modulus (descending)."""
+    n = x.numel()
+    check_k(k, n)
+    if k >= n - 1:
+        values = np.linalg.eigvals(dense_jacobian(f, x))
+    else:
+        v0 = np.random.default_rng(seed).standard_normal(n)
+        operator = jacobian_operator(f, x, adjoint=False)
+        values = eigs(
+            operator, k=k, which="LM", v0=v0, tol=1e-6, maxiter=50 * n, return_eigenvectors=False
+        )
+    return values[np.argsort(-np.abs(values), kind="stable")][:k]
+
+
+def leading_singular_values(f: StateFn, x: torch.Tensor, k: int, seed: int = 0) -> np.ndarray:
+    """The k largest singular values of ∂f/∂x at x, descending (JVPs and VJPs)."""
+    n = x.numel()
+    check_k(k, n)
+    if k >= n - 1:
+        values = np.linalg.svd(dense_jacobian(f, x), compute_uv=False)
+    else:
+        v0 = np.random.default_rng(seed).standard_normal(n)
+        values = svds(jacobian_operator(f, x), k=k, v0=v0, tol=1e-6, return_singular_vectors=False)
+    return np.sort(values)[::-1][:k]
+
+
+def check_k(k: int, n: int) -> None:
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if k > n:
+        raise ValueError(f"k = {k} is larger than the dimension of the map (h = {n})")
+
+
+def eigenvalue_frame(values: np.ndarray) -> pd.DataFrame:
+    """index 1 … k, real, imag, modulus, angle (radians) of eigenvalues sorted by modulus."""
+    values = np.asarray(values, dtype=complex)
+    return pd.DataFrame(
+        {
+            "index": np.arange(1, len(values) + 1),
+            "real": values.real,
+            "imag": values.imag,
+            "modulus": np.abs(values),
+            "angle": np.angle(values),
+        }
+    )
+
+
+def fixed_point_spectrum(
+    model: rm.RecurrentLM | Callable[[torch.Tensor], torch.Tensor],
+    input_ids: torch.Tensor | Sequence[int] | None = None,
+    *,
+    position: int,
+    k: int = 8,
+    state: torch.Tensor | None = None,
+    num_steps: int | None = None,
+    init_scale: float = 0.0,
+    tol: float = 1e-5,
+    max_iter: int = 500,
+    singular_values: bool = False,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The k largest-modulus eigenvalues of ∂F_t/∂s_t at ``state`` (default: the token's fixed point).
+
+    Without ``state`` the token's fixed point is searched for (Anderson) from where the trajectory is
+    after ``num_steps`` (default: the mean recurrence), the other positions held there, as
+    ``fixed_point(position=...)`` does, starting at that state (the fixed point nearest the run's end).
+
+    Columns ``index``, ``real``, ``imag``, ``modulus``, ``angle``; with ``singular_values`` also
+    ``singular_value`` (the k largest, descending, in their own order). ``attrs`` hold the point's
+    ``residual`` and, when it was searched for, ``converged`` (a spectrum at a point that is not a
+    fixed point describes the map there, not a fixed point's stability). One prompt row at a time.
+    """
+    rows, _ = problems(model, input_ids, state, num_steps, init_scale, seed)
+    if len(rows) != 1:
+        raise ValueError(f"fixed_point_spectrum takes one prompt row, got {len(rows)}")
+    p = rows[0]
+    p.map.check_position(position)
+    check_k(k, p.map.shape[1])
+    attrs: dict[str, object] = {}
+    context = p.context
+    f = p.map.block(position, context)
+    point = context[position]
+    if state is None:
+        found = solve(f, point, "anderson", tol, max_iter)
+        point = found.state
+        attrs.update(converged=found.converged, iterations=found.passes)
+    with torch.no_grad():
+        attrs["residual"] = float((f(point) - point).norm() / point.norm().clamp_min(1.0))
+    frame = eigenvalue_frame(leading_eigenvalues(f, point, k, seed))
+    if singular_values:
+        frame["singular_value"] = leading_singular_values(f, point, k, seed)
+    frame.attrs.update(attrs)
+    frame.attrs["state"] = point.detach().double().numpy()
+    return frame
