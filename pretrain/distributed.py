@@ -1,9 +1,11 @@
 """torch.distributed set-up: ranks from torchrun or SLURM, gloo on CPU / nccl (RCCL) on GPU, and the
-four ways to share the work, all on torch's own engines:
+four ways to share the work, all on torch's own engines, and the model built for them (meta device,
+shard, then initialise: ``build_model``):
 
     ddp       DistributedDataParallel: every rank holds everything (weights, gradients, Adam moments).
-    fsdp      FSDP2 ``fully_shard`` per block and the root over one mesh of all ranks; bf16 weights
-              and float32 gradient reduction on GPUs. The core blocks stay gathered from their first
+    fsdp      FSDP2 ``fully_shard`` per block and the root over one mesh of all ranks; weights
+              gathered and gradients reduced in float32, matrix products in bf16 under autocast
+              (pretrain/precision.py says why). The core blocks stay gathered from their first
               forward in a step until the optimizer step (``reshard_core``), so the r + k iterations
               cost one all-gather each instead of r + k.
     hsdp      FSDP2 on a 2-D DeviceMesh (replicate, shard): sharded within a node, replicated across
@@ -19,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -27,9 +30,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from recurrent_model import RecurrentConfig, RecurrentLM
+
+from .precision import Precision
 from .slurm import set_torch_env_from_slurm, under_slurm
 
 BUCKET_BYTES = 64 * 1024 * 1024
+STRATEGIES = ("ddp", "fsdp", "hsdp", "bucketed")
 
 
 @dataclass
@@ -151,44 +158,126 @@ def data_parallel_mesh(ctx: DistContext, strategy: str, shard_size: int = 0) -> 
     return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("shard",))
 
 
-def mixed_precision(device: torch.device) -> Any:
-    """FSDP2's policy: bf16 gathered weights with float32 gradient reduction on GPUs; float32 on
-    the CPU (bit-stable, and CPU bf16 matmuls are slow)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+def shard_model(model: RecurrentLM, mesh: Any, precision: Precision) -> None:
+    """FSDP2 ``fully_shard`` per sandwich block, then the root (embedding, adapter, final norm), all
+    with the precision's policy (float32 gathers: see pretrain/precision.py). The core blocks keep
+    their gathered weights after forward and backward; the trainer calls ``reshard_core`` once per
+    step, before the optimizer updates the shards. Works on a meta-device model (shard, then
+    materialise and initialise the shards)."""
+    from torch.distributed.fsdp import fully_shard
 
-    if device.type == "cuda":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+    policy = precision.fsdp_policy()
+    t = model.transformer
+    for block in [*t.prelude, *t.coda]:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    for block in t.core_block:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        block.set_reshard_after_backward(False)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def wrap_model(model: nn.Module, strategy: str, ctx: DistContext, shard_size: int = 0) -> nn.Module:
-    """DDP, FSDP2 / HSDP ``fully_shard`` per block then the root, or nothing (bucketed / 1 rank).
-
-    Under fsdp / hsdp the core blocks keep their gathered weights after forward and backward; the
-    trainer calls ``reshard_core`` once per step, before the optimizer updates the shards."""
-    if not ctx.distributed or strategy == "bucketed":
-        if ctx.distributed:
-            broadcast_parameters(model)
-        return model
-    if strategy == "ddp":
+def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    """What the training step calls: DDP around the model, or the model itself (fsdp / hsdp are
+    sharded in place by ``shard_model``; bucketed and one rank train the plain model)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown distributed strategy {strategy!r}")
+    if ctx.distributed and strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
-    if strategy in ("fsdp", "hsdp"):
-        from torch.distributed.fsdp import fully_shard
+    return model
 
-        mesh = data_parallel_mesh(ctx, strategy, shard_size)
-        policy = mixed_precision(ctx.device)
-        t = model.transformer  # type: ignore[attr-defined]
-        for block in [*t.prelude, *t.coda]:
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        for block in t.core_block:
-            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-            block.set_reshard_after_backward(False)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
-        return model
-    raise ValueError(f"unknown distributed strategy {strategy!r}")
+
+def build_model(
+    config: RecurrentConfig,
+    ctx: DistContext,
+    precision: Precision,
+    strategy: str,
+    seed: int,
+    shard_size: int = 0,
+    activation_checkpointing: bool = False,
+    compile_blocks: bool = False,
+) -> tuple[RecurrentLM, nn.Module]:
+    """The model and what the step calls (DDP's wrapper, or the model): built on the meta device,
+    sharded (fsdp / hsdp), materialised on this rank's device, then initialised shard by shard with
+    the weights a full ``reset_parameters(generator=Generator().manual_seed(seed))`` gives. No rank
+    ever holds the whole model on the host: the initialiser fills one full-size host tensor at a
+    time and keeps the slice this rank owns."""
+    with torch.device("meta"):
+        model = RecurrentLM(config, init_weights=False)
+    model.activation_checkpointing = activation_checkpointing
+    if compile_blocks:
+        model.compile_blocks()
+    if ctx.distributed and strategy in ("fsdp", "hsdp"):
+        shard_model(model, data_parallel_mesh(ctx, strategy, shard_size), precision)
+    materialise(model, ctx.device)
+    init_parameters(model, seed)
+    return model, wrap_model(model, strategy, ctx)
+
+
+def materialise(model: RecurrentLM, device: torch.device) -> None:
+    """Allocate a meta-device model's (local) parameters on ``device``, uninitialised, keeping the
+    embedding and the output head one tensor (``to_empty`` on a plain module unties them)."""
+    model.to_empty(device=device)
+    if model.lm_head.weight is not model.transformer.wte.weight:
+        model.lm_head.weight = model.transformer.wte.weight
+
+
+class _OneFullTensorAtATime:
+    """Stands in for the model inside ``RecurrentLM.reset_parameters``: that method walks
+    ``named_parameters()`` in order and fills each in place from one generator. Handing it one
+    full-size host buffer per parameter reuses its rule (and its random stream) exactly; after each
+    is filled, the slice this rank owns is copied into the real parameter and the buffer dropped."""
+
+    def __init__(self, model: RecurrentLM) -> None:
+        self.config = model.config
+        self._model = model
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self._model.named_parameters():
+            full = torch.empty(tuple(param.shape), dtype=param.dtype)
+            yield name, full
+            copy_owned_slice(param, full)
+
+
+@torch.no_grad()
+def init_parameters(model: RecurrentLM, seed: int) -> None:
+    """The initial weights of ``RecurrentLM.reset_parameters`` with ``Generator().manual_seed(seed)``,
+    written into the (possibly sharded) parameters; host memory: the largest single tensor."""
+    generator = torch.Generator().manual_seed(seed)
+    RecurrentLM.reset_parameters(_OneFullTensorAtATime(model), generator=generator)  # type: ignore[arg-type]
+
+
+def owned_slice(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """The part of ``full`` (a parameter's global value) that ``param`` holds on this rank: all of
+    it for a plain tensor; for a DTensor the ``torch.chunk`` piece of every sharded mesh dimension
+    (FSDP2's layout; a rank past the last chunk holds an empty piece)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return full
+    piece = full
+    for mesh_dim, placement in enumerate(param.placements):
+        if not placement.is_shard():
+            continue
+        dim = placement.dim  # type: ignore[attr-defined]
+        chunks = piece.chunk(param.device_mesh.size(mesh_dim), dim=dim)
+        index = param.device_mesh.get_local_rank(mesh_dim)
+        piece = chunks[index] if index < len(chunks) else piece.narrow(dim, 0, 0)
+    return piece
+
+
+def copy_owned_slice(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Write this rank's slice of ``full`` into ``param`` (a plain tensor or a DTensor shard)."""
+    local = param.to_local() if hasattr(param, "to_local") else param
+    piece = owned_slice(param, full)
+    if tuple(local.shape) != tuple(piece.shape):
+        raise RuntimeError(
+            f"sharded initialisation: this rank holds {tuple(local.shape)} of a parameter of "
+            f"shape {tuple(full.shape)}, but its slice is {tuple(piece.shape)}"
+        )
+    local.copy_(piece)
 
 
 def reshard_core(model: nn.Module) -> None:
@@ -212,13 +301,6 @@ def sharded_optimizer(
 def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer whose ``state`` holds this rank's moments (ZeRO-1's inner one, or itself)."""
     return getattr(optimizer, "optim", optimizer)
-
-
-@torch.no_grad()
-def broadcast_parameters(model: nn.Module) -> None:
-    """Make every rank start from rank 0's weights."""
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
 
 
 @torch.no_grad()

@@ -86,12 +86,12 @@ def test_resume_yields_exactly_the_next_batches(prepared):
     expected = _rows(next(loader) for _ in range(5))
     resumed = PackedLoader(prepared, "train", batch, seed=5)
     resumed.load_state_dict(state)
-    assert state["epoch"] == 1
+    assert state["dealer"]["cursor"] > prepared.train_rows  # into the second round
     assert _rows(next(resumed) for _ in range(5)) == expected
 
 
 def test_ranks_get_disjoint_rows(prepared):
-    per_rank = prepared.train_rows // 2
+    per_rank = prepared.train_rows // 2  # one lane each: a contiguous half of the epoch
     seen = []
     for rank in range(2):
         loader = PackedLoader(prepared, "train", batch_size=1, rank=rank, world_size=2)
@@ -111,10 +111,13 @@ def test_val_is_one_pass_then_stops(prepared):
     assert _rows(list(loader)) == _rows(batches)  # iterating again starts a fresh pass
 
 
-def test_state_for_another_rank_layout_is_rejected(prepared):
-    state = PackedLoader(prepared, "train", 4, rank=0, world_size=2).state_dict()
-    with pytest.raises(DataError, match="world_size"):
+def test_state_for_another_split_or_seed_is_rejected(prepared):
+    state = PackedLoader(prepared, "train", 4, rank=0, world_size=2, seed=1).state_dict()
+    with pytest.raises(DataError, match="seed"):
         PackedLoader(prepared, "train", 4).load_state_dict(state)
+    state["version"] = 1
+    with pytest.raises(DataError, match="version 1"):
+        PackedLoader(prepared, "train", 4, seed=1).load_state_dict(state)
 
 
 def test_loader_argument_errors(prepared):
