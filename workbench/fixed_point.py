@@ -102,16 +102,7 @@ def newton_krylov(f: StateFn, x0: torch.Tensor, tol: float, max_iter: int) -> So
         r = worst_residual(x, fx)
         if r < tol or passes >= max_iter or not np.isfinite(r):
             return Solve(x, r, passes, r < tol)
-        counter = [0]
-
-        def matvec(v: np.ndarray, x=x) -> np.ndarray:
-            counter[0] += 1
-            tangent = torch.from_numpy(np.asarray(v, dtype=np.float64).reshape(shape)).to(dtype)
-            jv = jvp(f, (x,), (tangent,))[1]
-            return (jv - tangent).double().flatten().numpy()
-
-        n = x.numel()
-        operator = LinearOperator((n, n), matvec=matvec, dtype=np.float64)
+        operator, counter = _newton_operator(f, x)
         rhs = -(fx - x).double().flatten().numpy()
         budget = max(1, min(40, max_iter - passes - 1))
         d, _ = gmres(operator, rhs, rtol=1e-3, restart=budget, maxiter=1)
@@ -119,6 +110,20 @@ def newton_krylov(f: StateFn, x0: torch.Tensor, tol: float, max_iter: int) -> So
         direction = torch.from_numpy(d.reshape(shape)).to(dtype)
         x, fx, spent = _line_search(f, x, direction, r)
         passes += spent
+
+
+def _newton_operator(f: StateFn, x: torch.Tensor) -> tuple[LinearOperator, list[int]]:
+    """J − I at x as a LinearOperator (one JVP per matvec) and a one-element count of its calls."""
+    shape, dtype, n = x.shape, x.dtype, x.numel()
+    counter = [0]
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        counter[0] += 1
+        tangent = torch.from_numpy(np.asarray(v, dtype=np.float64).reshape(shape)).to(dtype)
+        jv = jvp(f, (x,), (tangent,))[1]
+        return (jv - tangent).double().flatten().numpy()
+
+    return LinearOperator((n, n), matvec=matvec, dtype=np.float64), counter
 
 
 @torch.no_grad()
