@@ -19,6 +19,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "fsync_path",
+    "new_file_mode",
     "publish_directory",
     "replace_durably",
 ]
@@ -31,6 +32,17 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def new_file_mode() -> int:
+    """The permission bits a newly created file gets here: 0o666 less the process's umask."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):  # not Linux, or a kernel without the field
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _temporary_sibling(target: Path, kind: str = "tmp") -> Path:

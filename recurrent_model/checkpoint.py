@@ -1,7 +1,9 @@
 """Reading and writing checkpoints in the Hugging Face "huginn_raven" layout (safetensors only).
 
-Loading builds the model on the meta device, checks every tensor's name and shape from the safetensors
-headers before reading any data, then streams tensors shard by shard, so peak memory stays near one model.
+Loading builds the model on the meta device (no initialisation that the weights would overwrite),
+checks the tokenizer and every tensor's name and shape from the safetensors headers before reading any
+data, then streams tensors shard by shard in the checkpoint's own dtype unless told otherwise, so peak
+memory stays near one model of that dtype.
 Writing goes to a temporary sibling directory that replaces the target only when complete.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -26,11 +29,19 @@ from .saving import (  # noqa: F401 (the writing half of the format, re-exported
     save_pretrained,
     write_checkpoint_files,
 )
+from .tokenizer import HuginnTokenizer
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Keys a checkpoint may carry that we recompute (RoPE table) or tie (head = embedding).
 IGNORED_KEYS = ("freqs_cis",)
 EMBEDDING = "transformer.wte.weight"
+# safetensors' dtype names of the floating-point tensors a checkpoint may store.
+TENSOR_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+}
 
 
 class CheckpointError(ValueError):
@@ -72,15 +83,24 @@ def weight_files(directory: Path) -> dict[str, list[str]]:
     )
 
 
-def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, tuple[str, tuple]]:
-    """key -> (file, shape) from the safetensors headers, without reading tensor data."""
-    found: dict[str, tuple[str, tuple]] = {}
+class TensorHeader(NamedTuple):
+    """What a safetensors header says of one tensor: its file, shape and dtype name ("F32", "BF16")."""
+
+    file: str
+    shape: tuple
+    dtype: str
+
+
+def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, TensorHeader]:
+    """key -> (file, shape, dtype) from the safetensors headers, without reading tensor data."""
+    found: dict[str, TensorHeader] = {}
     for name, indexed_keys in files.items():
         try:
             with safe_open(directory / name, framework="pt") as f:
                 keys = list(f.keys())
                 for key in keys:
-                    found[key] = (name, tuple(f.get_slice(key).get_shape()))
+                    part = f.get_slice(key)
+                    found[key] = TensorHeader(name, tuple(part.get_shape()), part.get_dtype())
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(
                 f"{directory / name} is not a readable safetensors file: {exc}"
@@ -94,34 +114,41 @@ def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, tupl
     return found
 
 
-def check_tensors(expected: dict[str, tuple], found: dict[str, tuple[str, tuple]]) -> list[str]:
+def check_tensors(expected: dict[str, tuple], found: dict[str, TensorHeader]) -> list[str]:
     """Every mismatch between the model's tensors and the file's, as readable lines."""
     problems = []
     for key in sorted(set(expected) - set(found) - {TIED_HEAD}):
         problems.append(f"missing tensor {key} (expected shape {list(expected[key])})")
     for key in sorted(set(found) - set(expected) - set(IGNORED_KEYS)):
         problems.append(
-            f"unexpected tensor {key} with shape {list(found[key][1])} in {found[key][0]}"
+            f"unexpected tensor {key} with shape {list(found[key].shape)} in {found[key].file}"
         )
     for key in sorted(set(found) & set(expected)):
-        if tuple(found[key][1]) != tuple(expected[key]):
+        if tuple(found[key].shape) != tuple(expected[key]):
             problems.append(
-                f"tensor {key} has shape {list(found[key][1])} in {found[key][0]}, "
+                f"tensor {key} has shape {list(found[key].shape)} in {found[key].file}, "
                 f"but the config needs {list(expected[key])}"
             )
     return problems
 
 
-def checked_weight_files(directory: Path, model: RecurrentLM) -> dict[str, list[str]]:
-    """The checkpoint's weight files, after checking every tensor name and shape against ``model``."""
-    files = weight_files(directory)
+def check_against_model(
+    directory: Path, model: RecurrentLM, headers: dict[str, TensorHeader]
+) -> None:
+    """Raise CheckpointError listing every tensor name or shape in ``headers`` that ``model`` lacks."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    problems = check_tensors(expected, read_headers(directory, files))
+    problems = check_tensors(expected, headers)
     if problems:
         raise CheckpointError(
             f"{directory} does not match its config ({model.config.shape_summary()}):\n  "
             + "\n  ".join(problems)
         )
+
+
+def checked_weight_files(directory: Path, model: RecurrentLM) -> dict[str, list[str]]:
+    """The checkpoint's weight files, after checking every tensor name and shape against ``model``."""
+    files = weight_files(directory)
+    check_against_model(directory, model, read_headers(directory, files))
     return files
 
 
@@ -149,15 +176,40 @@ def load_model(
     path: str | os.PathLike,
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
+    *,
+    require_tokenizer: bool = False,
 ) -> RecurrentLM:
     """Load a Huginn-layout checkpoint directory (one safetensors file or index + shards), in eval mode.
 
     A ``path`` that does not exist but looks like a hub id ("org/name", "org/name@revision") is
     resolved through huggingface_hub's cache (``recurrent_model.hub``; safetensors only).
 
-    ``dtype`` defaults to float32; ``device`` to the CPU. Raises CheckpointError / ConfigError naming
-    the problem for anything that is not a loadable checkpoint.
+    ``dtype=None`` (or "auto") keeps the dtype the checkpoint stores (``stored_dtype``), as "auto" does
+    in the Hugging Face stack; ``device`` defaults to the CPU. The tokenizer is checked before any
+    weight is read: a tokenizer.json whose vocabulary differs from the model's, or none at all when
+    ``require_tokenizer`` is set, is refused. Raises CheckpointError / ConfigError / TokenizerError
+    naming the problem for anything that is not a loadable checkpoint.
     """
+    directory, label = checkpoint_directory(path)
+    raw = read_config_json(directory)
+    config = RecurrentConfig.from_dict(raw)
+    if "name" not in config.extra and config.name == RecurrentConfig.name:
+        config.name = label or directory.resolve().name
+    tokenizer = checked_tokenizer(directory, config, required=require_tokenizer)
+    with torch.device("meta"):
+        model = RecurrentLM(config, init_weights=False)
+    files = weight_files(directory)
+    headers = read_headers(directory, files)
+    check_against_model(directory, model, headers)
+    target = resolve_dtype(dtype) if dtype not in (None, "auto") else stored_dtype(raw, headers)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    assign_weights(model, directory, files, device, target)
+    model.tokenizer = tokenizer
+    return model.eval()
+
+
+def checkpoint_directory(path: str | os.PathLike) -> tuple[Path, str | None]:
+    """The local checkpoint directory for ``path`` (a hub id is fetched) and, for a hub id, its label."""
     directory, label = Path(path), None
     # "org/name" with no local "org/" folder: a hub id (a typo under a local folder stays local)
     if not directory.exists() and not directory.parent.exists() and looks_like_hub_id(path):
@@ -175,19 +227,67 @@ def load_model(
             f"{directory} is not a directory; a checkpoint is a directory holding config.json "
             "and safetensors weights"
         )
+    return directory, label
+
+
+def read_config_json(directory: Path) -> dict:
+    """The checkpoint's config.json as a mapping (validated later by ``RecurrentConfig.from_dict``)."""
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{directory} has no config.json, so it is not a checkpoint")
-    config = RecurrentConfig.from_json(config_path)
-    if "name" not in config.extra and config.name == RecurrentConfig.name:
-        config.name = label or directory.resolve().name
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    dtype = resolve_dtype(dtype)
+    try:
+        return json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
 
-    with torch.device("meta"):
-        model = RecurrentLM(config, init_weights=False)
-    files = checked_weight_files(directory, model)
 
+def checked_tokenizer(
+    directory: Path, config: RecurrentConfig, required: bool
+) -> HuginnTokenizer | None:
+    """The checkpoint's tokenizer (None when it has none and none is ``required``), refused unless
+    its vocabulary has exactly the model's ``vocab_size`` ids: a smaller one decodes the ids above
+    its size to nothing, a larger one yields ids the embedding does not hold."""
+    path = directory / TOKENIZER_FILE
+    if not path.is_file():
+        if required:
+            raise CheckpointError(
+                f"{directory} has no {TOKENIZER_FILE} to encode a prompt; add the tokenizer the "
+                "model was trained with next to config.json"
+            )
+        return None
+    tokenizer = HuginnTokenizer.from_file(path)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise CheckpointError(
+            f"{path} has {tokenizer.vocab_size:,} tokens but the model's vocab_size is "
+            f"{config.vocab_size:,} (config.json): it is not this model's tokenizer"
+        )
+    return tokenizer
+
+
+def stored_dtype(raw_config: dict, headers: dict[str, TensorHeader]) -> torch.dtype:
+    """The dtype a checkpoint declares: config.json's "torch_dtype" (or "dtype", its newer name),
+    else the dtype its floating-point tensors share (float32 when they differ or there are none)."""
+    for key in ("torch_dtype", "dtype"):
+        name = raw_config.get(key)
+        if isinstance(name, str) and name != "auto":
+            try:
+                return resolve_dtype(name.removeprefix("torch."))
+            except ConfigError as exc:
+                raise ConfigError(f"config.json has {key}={name!r}: {exc}") from exc
+    found = {TENSOR_DTYPES[h.dtype] for h in headers.values() if h.dtype in TENSOR_DTYPES}
+    return found.pop() if len(found) == 1 else torch.float32
+
+
+@torch.no_grad()
+def assign_weights(
+    model: RecurrentLM,
+    directory: Path,
+    files: dict[str, list[str]],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> None:
+    """Give the meta-device ``model`` the checkpoint's tensors, shard by shard, on ``device`` in
+    ``dtype``; the head is tied to the embedding (a stored head must equal it)."""
     head: torch.Tensor | None = None
     for name in files:
         with safe_open(directory / name, framework="pt", device="cpu") as f:
@@ -205,17 +305,23 @@ def load_model(
             f"{directory} stores an lm_head.weight that differs from transformer.wte.weight, but "
             "this architecture ties the head to the embedding (tie_embeddings=true)"
         )
-    del head
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta:  # pragma: no cover - check_tensors makes this unreachable
         raise CheckpointError(f"{directory} left parameters unset: {', '.join(still_meta)}")
     for p in model.parameters():
         p.requires_grad_(True)
-    if (directory / TOKENIZER_FILE).is_file():
-        from .tokenizer import HuginnTokenizer
 
-        model.tokenizer = HuginnTokenizer.from_file(directory / TOKENIZER_FILE)
-    return model.eval()
+
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+}
 
 
 def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
@@ -224,14 +330,6 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in names:
-        raise ConfigError(f"unknown dtype {dtype!r}; choose from {', '.join(names)}")
-    return names[dtype]
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPE_NAMES)}")
+    return DTYPE_NAMES[dtype]

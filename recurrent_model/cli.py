@@ -9,6 +9,7 @@ python -m recurrent_model --checkpoint DIR --prompt "..." [--chat] [--num-steps 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -47,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-scale", type=float, default=1.0)
-    p.add_argument("--device", default=None, help="e.g. cpu, cuda")
-    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    p.add_argument("--device", default=None, help="e.g. cpu (default), cuda, cuda:1")
+    p.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16 (default: the checkpoint's own)"
+    )
     p.add_argument(
         "--compile",
         action="store_true",
@@ -58,12 +61,86 @@ def build_parser() -> argparse.ArgumentParser:
         "diffusion-forcing sampler (--diffusion; --num-steps is the prefill depth)"
     )
     d.add_argument("--diffusion", action="store_true", help="decode with model.generate_diffusion")
-    d.add_argument("--inner-recurrence", type=int, default=4, help="core iterations per step")
-    d.add_argument("--headway", type=int, default=1, help="new positions per sampler step")
-    d.add_argument("--exit-t", type=float, default=0.03, help="latent-diff freezing threshold")
-    d.add_argument("--freeze-strategy", choices=FREEZE_STRATEGIES, default="latent-diff")
-    d.add_argument("--max-wavefront", type=int, default=128, help="most positions in the wave")
+    # No defaults here: a flag left out takes generate_diffusion's own default.
+    d.add_argument("--inner-recurrence", type=int, help="core iterations per step")
+    d.add_argument("--headway", type=int, help="new positions per sampler step")
+    d.add_argument("--exit-t", type=float, help="latent-diff freezing threshold")
+    d.add_argument("--freeze-strategy", choices=FREEZE_STRATEGIES, help="when a position freezes")
+    d.add_argument("--max-wavefront", type=int, help="most positions in the wave")
     return p
+
+
+# Flags of the diffusion sampler, passed to generate_diffusion only when given.
+DIFFUSION_ONLY = ("inner_recurrence", "headway", "exit_t", "freeze_strategy", "max_wavefront")
+# Flags of the token-by-token decoder that the diffusion sampler has no use for.
+DECODER_ONLY = ("exit", "threshold", "min_steps", "draft_steps", "lookahead", "cache_budget")
+
+
+class UsageError(ValueError):
+    """Command-line arguments that cannot be honoured together; the message names the flags."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse a combination that would leave a flag silently unused, and an empty prompt."""
+    if not args.prompt.strip():
+        raise UsageError("--prompt is empty: give some text to continue")
+    if args.diffusion:
+        given = [_flag(d) for d in DECODER_ONLY if getattr(args, d) is not None]
+        if args.compile:
+            given.append("--compile")
+        if given:
+            raise UsageError(
+                f"--diffusion decodes with its own freezing rule (--freeze-strategy, --exit-t) and "
+                f"cannot honour {', '.join(given)}; drop them or drop --diffusion"
+            )
+        return
+    given = [_flag(d) for d in DIFFUSION_ONLY if getattr(args, d) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply with --diffusion")
+    if args.compile and (args.exit is not None or args.draft_steps is not None):
+        raise UsageError(
+            "--compile decodes at a fixed depth and cannot honour --exit or --draft-steps; "
+            "drop one of them"
+        )
+
+
+def check_device(name: str | None) -> torch.device | None:
+    """The device ``--device`` names, after checking that this torch build can use it."""
+    if name is None:
+        return None
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {name!r} is not a device name: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = (
+            "this torch build has no CUDA or ROCm support"
+            if torch.version.cuda is None and torch.version.hip is None
+            else "no GPU is visible to this torch build"
+        )
+        raise UsageError(f"--device {name}: {why} (torch {torch.__version__}); use --device cpu")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as exc:
+        raise UsageError(f"--device {name} cannot be used here: {exc}") from exc
+    return device
+
+
+def cache_hint(message: str, n_core: int, diffusion: bool = False) -> str:
+    """The library's KV-cache error in the command line's terms (flags, not keyword arguments)."""
+    if diffusion:  # the sampler shares core slots itself: only the depth and length remain
+        need = message.split("; lower")[0]
+        return f"{need}; lower --num-steps or --max-new-tokens"
+    text = re.sub(r"\bcache_budget=(\d+)", r"--cache-budget \1", message)
+    text = re.sub(r"\bcache_budget\b", "--cache-budget", text)
+    text = re.sub(r"\bnum_steps / max_steps\b|\bnum_steps\b", "--num-steps", text)
+    if "--cache-budget" not in text:
+        text += f"; share core-layer slots with --cache-budget {4 * n_core}"
+    return text
 
 
 class _TextStreamer:
@@ -95,67 +172,80 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     """Run the command line; returns the exit status (2 with a message on stderr for bad input)."""
     args = build_parser().parse_args(argv)
     try:
-        model = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
-        tok = model.tokenizer
-        if tok is None:
-            raise CheckpointError(f"{args.checkpoint} has no tokenizer.json to encode the prompt")
-        if args.chat:
-            ids = tok.encode_chat([{"role": "user", "content": args.prompt}])
-        else:
-            ids = tok.encode(args.prompt)
-        context = model.config.block_size
-        max_new = min(args.max_new_tokens, max(context - len(ids), 0))
-        streamer = _TextStreamer(tok, out)
-        generator = torch.Generator(device=model.device).manual_seed(args.seed)
-        sampling = dict(
-            do_sample=args.sample,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
-            init_scale=args.init_scale,
-            generator=generator,
-            return_details=True,
-        )
-        if args.diffusion:
-            details = model.generate_diffusion(
-                torch.tensor([ids]),
-                max_new,
-                num_steps=(
-                    model.config.mean_recurrence if args.num_steps is None else args.num_steps
-                ),
-                inner_recurrence=args.inner_recurrence,
-                headway=args.headway,
-                exit_t=args.exit_t,
-                freeze_strategy=args.freeze_strategy,
-                max_wavefront=args.max_wavefront,
-                continuous_compute=args.continuous,
-                streamer=lambda new: streamer.append(new[: max_new - len(streamer.ids)].tolist()),
-                **sampling,
-            )
-        else:
-            details = model.generate(
-                torch.tensor([ids]),
-                max_new,
-                num_steps=args.num_steps,
-                exit_criterion=args.exit,
-                exit_threshold=args.threshold,
-                min_steps=args.min_steps,
-                draft_steps=args.draft_steps,
-                lookahead=args.lookahead,
-                cache_budget=args.cache_budget,
-                continuous_compute=args.continuous,
-                streamer=streamer,
-                compile=args.compile,
-                **sampling,
-            )
-    except (CheckpointError, ConfigError, TokenizerError, ValueError, KVCacheTooLarge) as exc:
+        check_arguments(args)
+        device = check_device(args.device)
+        model = load_model(args.checkpoint, device=device, dtype=args.dtype, require_tokenizer=True)
+    except (CheckpointError, ConfigError, TokenizerError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    streamer = _TextStreamer(model.tokenizer, out)
+    try:
+        details = _generate(model, args, streamer)
+    except KVCacheTooLarge as exc:
+        n_core = model.config.n_layers_in_recurrent_block
+        print(f"error: {cache_hint(str(exc), n_core, args.diffusion)}", file=sys.stderr)
+        return 2
+    except (ConfigError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out.write("\n\n")
     if args.diffusion:
         _report_diffusion(details, out)
-        return 0
+    else:
+        _report_decode(details, streamer, out)
+    return 0
+
+
+def _generate(model, args: argparse.Namespace, streamer: _TextStreamer):
+    """Encode the prompt and decode with the sampler the arguments choose, streaming to ``streamer``."""
+    tok = model.tokenizer
+    if args.chat:
+        ids = tok.encode_chat([{"role": "user", "content": args.prompt}])
+    else:
+        ids = tok.encode(args.prompt)
+    max_new = min(args.max_new_tokens, max(model.config.block_size - len(ids), 0))
+    sampling = dict(
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        init_scale=args.init_scale,
+        generator=torch.Generator(device=model.device).manual_seed(args.seed),
+        return_details=True,
+    )
+    prompt = torch.tensor([ids], device=model.device)
+    if args.diffusion:
+        return model.generate_diffusion(
+            prompt,
+            max_new,
+            num_steps=model.config.mean_recurrence if args.num_steps is None else args.num_steps,
+            **{d: getattr(args, d) for d in DIFFUSION_ONLY if getattr(args, d) is not None},
+            continuous_compute=args.continuous,
+            streamer=lambda new, *_: streamer.append(new[: max_new - len(streamer.ids)].tolist()),
+            **sampling,
+        )
+    if args.compile:
+        print("compiling (first call only)...", file=sys.stderr, flush=True)
+    return model.generate(
+        prompt,
+        max_new,
+        num_steps=args.num_steps,
+        exit_criterion=args.exit,
+        exit_threshold=args.threshold,
+        min_steps=args.min_steps,
+        draft_steps=args.draft_steps,
+        lookahead=args.lookahead,
+        cache_budget=args.cache_budget,
+        continuous_compute=args.continuous,
+        streamer=streamer,
+        compile=args.compile,
+        **sampling,
+    )
+
+
+def _report_decode(details, streamer: _TextStreamer, out: TextIO) -> None:
+    """The iterations each token took, their mean, the cache size and the compile/draft summaries."""
     out.write(f"iterations per token: {' '.join(map(str, streamer.steps))}\n")
     out.write(
         f"{len(streamer.steps)} tokens, mean {details.mean_steps:.2f} iterations per token, "
@@ -165,7 +255,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         out.write(f"compiled decode: {details.compile_seconds:.1f} s of one-time compilation\n")
     if details.acceptance_rate is not None:
         out.write(f"speculative acceptance rate: {details.acceptance_rate:.2f}\n")
-    return 0
 
 
 def _report_diffusion(details: DiffusionOutput, out: TextIO) -> None:

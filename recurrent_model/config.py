@@ -248,8 +248,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset(name: str, **overrides: Any) -> RecurrentConfig:
-    """A named configuration (``huginn-0125``, ``tiny``, ``small``) with optional overrides."""
+def preset(name: str, /, **overrides: Any) -> RecurrentConfig:
+    """A named configuration (``huginn-0125``, ``tiny``, ``small``) with optional overrides; the
+    preset's name is positional-only, so ``name=...`` among the overrides renames the config."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     fields = {"name": name, **PRESETS[name], **overrides}

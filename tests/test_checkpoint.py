@@ -17,6 +17,8 @@ import recurrent_model as rm
 from recurrent_model import checkpoint as ckpt
 from recurrent_model import saving
 
+INDEX = saving.INDEX_FILE
+
 # A config.json as other tools write it: extra fields we must ignore.
 HF_EXTRAS = {
     "architectures": ["RavenForCausalLM"],
@@ -308,3 +310,138 @@ def test_load_weights_into_keeps_parameter_objects_and_checks_shapes(model, tmp_
     wider = rm.RecurrentLM(rm.preset("tiny", intermediate_size=96))
     with pytest.raises(rm.CheckpointError, match=r"mlp.fc.weight has shape \[256, 64\]"):
         ckpt.load_weights_into(wider, tmp_path / "sh")
+
+
+# dtype=None: the checkpoint's own dtype -----------------------------------------------------------
+def test_dtype_none_keeps_the_saved_dtype_and_config_names_it(model, tmp_path):
+    half = rm.RecurrentLM(rm.preset("tiny"), init_weights=False)
+    half.load_state_dict(model.state_dict())
+    half.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert rm.load_model(tmp_path / "bf16").dtype == torch.bfloat16
+    assert rm.load_model(tmp_path / "bf16", dtype="auto").dtype == torch.bfloat16
+    assert rm.load_model(tmp_path / "bf16", dtype="float32").dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("fields", "tensor_dtype", "loaded"),
+    [
+        ({"dtype": "bfloat16"}, torch.float32, torch.bfloat16),  # the newer field name
+        ({"torch_dtype": "float16"}, torch.float32, torch.float16),  # the config wins, as in HF
+        ({"torch_dtype": "float32"}, torch.bfloat16, torch.float32),  # bf16 files, float32 config
+        ({}, torch.bfloat16, torch.bfloat16),  # no field: the tensors' dtype
+        ({}, torch.float32, torch.float32),
+    ],
+)
+def test_stored_dtype_follows_the_config_then_the_tensors(
+    model, tmp_path, fields, tensor_dtype, loaded
+):
+    d = tmp_path / "ck"
+    d.mkdir()
+    cfg = {k: v for k, v in model.config.to_dict().items() if k not in ("torch_dtype", "dtype")}
+    (d / "config.json").write_text(json.dumps(cfg | fields))
+    tensors = {
+        k: v.to(tensor_dtype) for k, v in model.state_dict().items() if k != "lm_head.weight"
+    }
+    save_file(tensors, d / "model.safetensors")
+    assert rm.load_model(d).dtype == loaded
+
+
+def test_unknown_config_dtype_is_named(model, tmp_path):
+    write_checkpoint(model, tmp_path / "ck", config_changes={"torch_dtype": "float8_e4m3fn"})
+    with pytest.raises(rm.ConfigError, match="torch_dtype='float8_e4m3fn'.*unknown dtype"):
+        rm.load_model(tmp_path / "ck")
+
+
+def test_default_checkpoint_loads_in_float32_unchanged():
+    """checkpoints/default stores float32 (config and tensors): dtype=None gives the float32 model."""
+    from recurrent_model.standin import DEFAULT_CHECKPOINT
+
+    assert json.loads((DEFAULT_CHECKPOINT / "config.json").read_text())["torch_dtype"] == "float32"
+    own, f32 = rm.load_model(DEFAULT_CHECKPOINT), rm.load_model(DEFAULT_CHECKPOINT, dtype="float32")
+    assert own.dtype == torch.float32
+    ids = torch.tensor([own.tokenizer.encode("def add(a, b):")])
+    assert torch.equal(own(ids, 4, init_scale=0).logits, f32(ids, 4, init_scale=0).logits)
+
+
+# Building on the meta device ----------------------------------------------------------------------
+def test_loading_never_initialises_weights(model, tmp_path, monkeypatch):
+    """The model is built on the meta device: no default init that the weights would overwrite."""
+    model.save_pretrained(tmp_path / "ck")
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("the model's initialiser ran while loading")
+
+    def meta_only(cls):
+        real = cls.reset_parameters
+
+        def reset(self):  # torch's modules initialise in their constructor: on meta, that is free
+            assert self.weight.is_meta, f"a {cls.__name__} was initialised in real memory"
+            real(self)
+
+        monkeypatch.setattr(cls, "reset_parameters", reset)
+
+    monkeypatch.setattr(rm.RecurrentLM, "reset_parameters", no_init)
+    meta_only(torch.nn.Linear)
+    meta_only(torch.nn.Embedding)
+    loaded = rm.load_model(tmp_path / "ck")
+    assert not any(p.is_meta for p in loaded.parameters())
+    assert not any(b.is_meta for b in loaded.buffers())
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    assert all(p.requires_grad for p in loaded.parameters())
+    torch.testing.assert_close(loaded.rope_at(0, 16), model.rope_at(0, 16), rtol=0, atol=0)
+
+
+# The tokenizer, checked before any weight is read -------------------------------------------------
+def _no_weights_read(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were read before the tokenizer was checked")
+
+    monkeypatch.setattr(ckpt, "read_headers", refuse)
+    monkeypatch.setattr(ckpt, "assign_weights", refuse)
+
+
+def test_missing_tokenizer_is_refused_before_the_weights_when_required(
+    model, tmp_path, monkeypatch
+):
+    model.save_pretrained(tmp_path / "ck")
+    assert rm.load_model(tmp_path / "ck").tokenizer is None  # not required: loads without one
+    _no_weights_read(monkeypatch)
+    with pytest.raises(rm.CheckpointError, match=r"has no tokenizer\.json to encode a prompt"):
+        rm.load_model(tmp_path / "ck", require_tokenizer=True)
+
+
+def test_tokenizer_of_another_vocabulary_is_refused_before_the_weights(
+    model, tmp_path, monkeypatch
+):
+    from recurrent_model.standin import byte_level_tokenizer
+
+    model.save_pretrained(tmp_path / "ck")  # vocab_size 512
+    byte_level_tokenizer(320).save(tmp_path / "ck" / "tokenizer.json")
+    _no_weights_read(monkeypatch)
+    with pytest.raises(
+        rm.CheckpointError, match=r"has 320 tokens but the model's vocab_size is 512"
+    ) as exc:
+        rm.load_model(tmp_path / "ck")
+    assert "\n" not in str(exc.value)
+
+
+# Writing ------------------------------------------------------------------------------------------
+def test_save_pretrained_method_shards_and_files_follow_the_umask(model, tmp_path):
+    old = os.umask(0o022)
+    try:
+        model.save_pretrained(tmp_path / "sh", max_shard_bytes=200_000)
+        os.umask(0o077)
+        model.save_pretrained(tmp_path / "private")
+    finally:
+        os.umask(old)
+    shards = sorted((tmp_path / "sh").glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    for path in [*shards, tmp_path / "sh" / "config.json", tmp_path / "sh" / INDEX]:
+        assert path.stat().st_mode & 0o777 == 0o644, path
+    for path in (tmp_path / "private").iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    loaded = rm.load_model(tmp_path / "sh")
+    assert torch.equal(loaded.transformer.wte.weight, model.transformer.wte.weight)
+    with pytest.raises(ValueError, match="max_shard_bytes must be positive"):
+        model.save_pretrained(tmp_path / "none", max_shard_bytes=0)

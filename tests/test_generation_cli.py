@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -103,7 +104,10 @@ def test_cache_that_cannot_fit_fails_early_naming_bytes(checkpoint, capsys):
     rc, _ = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--num-steps", "100000000")
     err = capsys.readouterr().err
     assert rc == 2
-    assert "bytes" in err and "cache_budget" in err and "available" in err
+    assert "bytes" in err and "available" in err
+    # the command line's flags, not the library's keyword arguments (tiny: 2 core layers)
+    assert "--cache-budget 8" in err and "--num-steps" in err
+    assert "cache_budget" not in err and err.count("\n") == 1
 
 
 def test_runs_as_python_dash_m(checkpoint):
@@ -130,3 +134,70 @@ def test_diffusion_flag_prints_the_sampler_tokens(checkpoint):
     spent = out.recurrence_per_position[ids.shape[1] : ids.shape[1] + len(new)].tolist()
     assert iterations(text) == spent
     assert f"{len(new)} tokens in {out.sampler_steps} sampler steps" in text
+
+
+def one_line_error(capsys, *args: str) -> str:
+    """Run the CLI expecting exit status 2 and a single stderr line; returns that line."""
+    rc, _ = run(*args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_cuda_device_without_cuda_is_one_line(checkpoint, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = one_line_error(
+        capsys, "--checkpoint", str(checkpoint), "--prompt", "x", "--device", "cuda"
+    )
+    assert "--device cuda" in err and "--device cpu" in err
+    err = one_line_error(
+        capsys, "--checkpoint", str(checkpoint), "--prompt", "x", "--device", "gpu"
+    )
+    assert "'gpu' is not a device name" in err
+
+
+def test_empty_prompt_is_refused(checkpoint, capsys):
+    for prompt in ("", "   "):
+        err = one_line_error(capsys, "--checkpoint", str(checkpoint), "--prompt", prompt)
+        assert "--prompt is empty" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--diffusion", "--exit", "kl"], "--diffusion .* cannot honour --exit"),
+        (["--diffusion", "--cache-budget", "8", "--compile"], "--cache-budget, --compile"),
+        (["--headway", "2"], "--headway only apply with --diffusion"),
+        (["--compile", "--exit", "kl"], "--compile decodes at a fixed depth"),
+    ],
+)
+def test_flags_that_would_be_ignored_are_refused(checkpoint, capsys, flags, message):
+    err = one_line_error(capsys, "--checkpoint", str(checkpoint), "--prompt", "x", *flags)
+    assert re.search(message, err), err
+
+
+def test_compile_announces_itself_before_compiling(checkpoint, capsys, monkeypatch):
+    seen = []
+
+    def generate(self, *args, **kwargs):  # stands in for the slow first compile
+        seen.append((kwargs["compile"], capsys.readouterr().err))
+        raise ValueError("stopped before compiling")
+
+    monkeypatch.setattr(rm.RecurrentLM, "generate", generate)
+    rc, _ = run("--checkpoint", str(checkpoint), "--prompt", "x", "--compile")
+    assert rc == 2 and seen == [(True, "compiling (first call only)...\n")]
+    assert capsys.readouterr().err == "error: stopped before compiling\n"
+    run("--checkpoint", str(checkpoint), "--prompt", "x")
+    assert seen[-1] == (False, "")
+
+
+def test_tokenizer_of_another_vocabulary_is_refused(checkpoint, tmp_path, capsys):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    rm.save_pretrained(rm.RecurrentLM(rm.preset("tiny", vocab_size=VOCAB + 64)), tmp_path / "w")
+    shutil.copy(tmp_path / "w" / "config.json", other / "config.json")
+    err = one_line_error(capsys, "--checkpoint", str(other), "--prompt", "x")
+    assert f"has {VOCAB} tokens but the model's vocab_size is {VOCAB + 64}" in err

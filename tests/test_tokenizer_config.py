@@ -134,3 +134,10 @@ def test_config_round_trip_keeps_every_huginn_field(tmp_path):
     assert again.to_dict() == cfg.to_dict()
     with pytest.raises(rm.ConfigError, match="unknown preset"):
         rm.preset("gpt2")
+
+
+def test_preset_takes_a_name_override():
+    cfg = rm.preset("huginn-0125", name="my-huginn", mean_recurrence=16)
+    assert (cfg.name, cfg.n_embd, cfg.mean_recurrence) == ("my-huginn", 5280, 16)
+    assert rm.preset("tiny").name == "tiny"
+    assert rm.preset("tiny", name="t").to_dict()["name"] == "t"
