@@ -22,6 +22,7 @@ import recurrent_model
 import workbench
 from recurrent_model.standin import DEFAULT_CHECKPOINT, default_model
 from recurrent_model.threads import threads_for
+from workbench._frames import token_display_strings
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.dynamics import rotation_plane
 
@@ -159,18 +160,18 @@ def aligned_umap(_traj, key: TrajKey, position: int) -> list[np.ndarray]:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def convergence(_traj, key: TrajKey) -> pd.DataFrame:
-    return workbench.convergence(_traj.states[0], tokens=_traj.tokens)
+def convergence(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
+    return workbench.convergence(_traj.states[0], tokens=_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def steps_to_converge(_traj, key: TrajKey, eps: float) -> pd.DataFrame:
-    return workbench.steps_to_converge(convergence(_traj, key), eps=eps)
+def steps_to_converge(_traj, key: TrajKey, _tokens: list[str], eps: float) -> pd.DataFrame:
+    return workbench.steps_to_converge(convergence(_traj, key, _tokens), eps=eps)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def step_dynamics(_traj, key: TrajKey) -> pd.DataFrame:
-    return workbench.step_dynamics(_traj.states[0], tokens=_traj.tokens)
+def step_dynamics(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
+    return workbench.step_dynamics(_traj.states[0], tokens=_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -179,20 +180,20 @@ def token_correlation(_traj, key: TrajKey) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def path_independence(_traj, key: TrajKey) -> pd.DataFrame:
-    return workbench.path_independence(_traj.states, tokens=_traj.tokens)
+def path_independence(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
+    return workbench.path_independence(_traj.states, tokens=_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def attractor_distance(_traj, key: TrajKey) -> pd.DataFrame:
+def attractor_distance(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
     window = min(16, max(1, _traj.num_steps // 2))
-    return workbench.attractor_distance(_traj.states, window=window, tokens=_traj.tokens)
+    return workbench.attractor_distance(_traj.states, window=window, tokens=_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner="Classifying the dynamics of every token …")
-def dynamics(_traj, key: TrajKey, run: int = 0) -> pd.DataFrame:
+def dynamics(_traj, key: TrajKey, _tokens: list[str], run: int = 0) -> pd.DataFrame:
     frame = workbench.classify_dynamics(_traj.states[run])
-    frame.insert(1, "token_text", _traj.tokens)
+    frame.insert(1, "token_text", _tokens)
     return frame
 
 
@@ -203,9 +204,9 @@ def plane(_traj, key: TrajKey, position: int, run: int = 0) -> np.ndarray:
 
 
 @st.cache_data(max_entries=8, show_spinner="Decoding every state through the lens …")
-def lens(_model, _traj, key: TrajKey, kind: str) -> pd.DataFrame:
+def lens(_model, _traj, key: TrajKey, _tokens: list[str], kind: str) -> pd.DataFrame:
     with threads_for(_model):
-        return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_traj.tokens)
+        return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_tokens)
 
 
 @st.cache_data(max_entries=8, show_spinner="Generating …")
@@ -238,7 +239,7 @@ def generation(
     return {
         "text": tok.decode(new[:n]),
         "table": pd.DataFrame(
-            {"position": range(n), "token": tok.token_strings(new[:n]), "steps": steps[:n]}
+            {"position": range(n), "token": token_display_strings(tok, new[:n]), "steps": steps[:n]}
         ),
         "mean_steps": out.mean_steps,
     }
@@ -274,7 +275,9 @@ def diffusion_run(
         "text": tok.decode(new) if tok is not None else " ".join(map(str, new)),
         "frame": frame,
         "frontier": workbench.frontier_frame(out),
-        "token_text": dict(zip(shown, tok.token_strings(shown))) if tok is not None else None,
+        "token_text": dict(zip(shown, token_display_strings(tok, shown)))
+        if tok is not None
+        else None,
         "summary": out.summary,
         "new_tokens": len(new),
     }

@@ -12,13 +12,13 @@ from .ui import Context, chart, table_download
 
 def render(ctx: Context) -> None:
     """The convergence heatmap, steps to converge, step dynamics and token correlation."""
-    frame = compute.convergence(ctx.traj, ctx.key)
+    frame = compute.convergence(ctx.traj, ctx.key, ctx.tokens)
     value = st.selectbox("Colour", ["distance_to_final", "relative_step"], key="conv_value")
     chart(figures.convergence_heatmap(frame, value), "conv_heatmap")
     eps = st.number_input("ε for steps to converge", value=1e-2, format="%.0e", key="conv_eps")
-    settled = compute.steps_to_converge(ctx.traj, ctx.key, float(eps))
+    settled = compute.steps_to_converge(ctx.traj, ctx.key, ctx.tokens, float(eps))
     st.dataframe(settled, hide_index=True, key="conv_settled")
-    dyn = compute.step_dynamics(ctx.traj, ctx.key)
+    dyn = compute.step_dynamics(ctx.traj, ctx.key, ctx.tokens)
     which = st.selectbox(
         "Step dynamics", ["acceleration", "delta_norm", "delta_cosine"], key="conv_dynamics"
     )

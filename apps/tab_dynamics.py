@@ -23,7 +23,7 @@ def render(ctx: Context) -> None:
     if ctx.traj.num_steps < MIN_TAIL:
         st.info(f"The dynamics classifier needs at least {MIN_TAIL} steps; raise the step count.")
         return
-    frame = compute.dynamics(ctx.traj, ctx.key)
+    frame = compute.dynamics(ctx.traj, ctx.key, ctx.tokens)
     counts = frame["kind"].value_counts()
     for col, kind in zip(st.columns(len(KINDS)), KINDS):
         col.metric(kind.replace("_", " "), int(counts.get(kind, 0)))
@@ -45,7 +45,7 @@ def render(ctx: Context) -> None:
     )
     coords, evr = compute.pca(ctx.traj, ctx.key)
     chart(
-        figures.pc_pair_panels(coords, [position], ctx.traj.tokens, explained_variance=evr),
+        figures.pc_pair_panels(coords, [position], ctx.tokens, explained_variance=evr),
         "dyn_pc_pairs",
     )
     table_download(frame.reset_index(), "dynamics")

@@ -31,7 +31,7 @@ def patching_panel(ctx: Context) -> None:
     hooks = [STATE] + [core(j) for j in range(ctx.model.config.n_layers_in_recurrent_block)]
     with st.form("patching"):
         position = ctx.token_picker(
-            "Token to corrupt", "patch_position", default_tokens(ctx.traj.tokens, 1)[0]
+            "Token to corrupt", "patch_position", default_tokens(ctx.tokens, 1)[0]
         )
         replacement = st.text_input("Replacement (one token)", "5", key="patch_replacement")
         c1, c2, c3 = st.columns(3)
@@ -81,7 +81,7 @@ def _direction(ctx: Context, source: str, steps: int) -> tuple[np.ndarray, np.nd
         v = pca_direction(ctx.traj.raw_states[0], int(k))
         return v, None, f"pca|{k}|{ctx.key}"
     position = ctx.token_picker(
-        "Token whose rotation plane", "steer_plane_token", default_tokens(ctx.traj.tokens, 1)[0]
+        "Token whose rotation plane", "steer_plane_token", default_tokens(ctx.tokens, 1)[0]
     )
     plane = compute.token_plane(ctx.model, ctx.model_key, ctx.run.token_ids, steps, position)
     angle = st.slider("Vector angle in the plane (rad)", 0.0, 6.28, 0.0, key="steer_angle")
@@ -141,7 +141,7 @@ def ablation_panel(ctx: Context) -> None:
         st.info(f"A rotation plane needs at least {MIN_TAIL} steps; raise the step count.")
         return
     with st.form("ablation"):
-        position = ctx.token_picker("Token", "ablate_token", default_tokens(ctx.traj.tokens, 1)[0])
+        position = ctx.token_picker("Token", "ablate_token", default_tokens(ctx.tokens, 1)[0])
         n_random = st.number_input("Random planes (control)", 2, 256, 32, key="ablate_random")
         go = st.form_submit_button("Run ablation")
     if go:

@@ -13,7 +13,7 @@ from .ui import Context, chart, table_download
 def render(ctx: Context) -> None:
     """What the coda lens or the logit lens reads from every state, per token and step."""
     kind = st.radio("Lens", ["coda", "logit"], horizontal=True, key="lens_kind")
-    frame = compute.lens(ctx.model, ctx.traj, ctx.key, kind)
+    frame = compute.lens(ctx.model, ctx.traj, ctx.key, ctx.tokens, kind)
     value = st.selectbox(
         "Colour", ["final_prob", "kl_to_final", "entropy", "final_rank"], key="lens_value"
     )

@@ -28,25 +28,19 @@ def coords_frame(coords: np.ndarray, tokens: Sequence[str]) -> pd.DataFrame:
 def render(ctx: Context) -> None:
     """PCA per PC pair per token, the 3-D waterfall, and UMAP on request."""
     coords, evr = compute.pca(ctx.traj, ctx.key)
-    positions = st.multiselect(
-        "Tokens",
-        list(range(ctx.traj.n_tokens)),
-        default=default_tokens(ctx.traj.tokens),
-        format_func=lambda p: ctx.labels[p],
-        key="traj_tokens",
-    )
+    positions = ctx.tokens_picker("Tokens", "traj_tokens", default_tokens(ctx.tokens))
     if positions:
         chart(
-            figures.pc_pair_panels(coords, positions, ctx.traj.tokens, explained_variance=evr),
+            figures.pc_pair_panels(coords, positions, ctx.tokens, explained_variance=evr),
             "pc_pairs",
         )
     else:
         st.info("Pick at least one token to see its path on the PC pairs.")
     pair = st.selectbox("Waterfall plane", list(PC_PAIRS), key="waterfall_pair")
     if max(PC_PAIRS[pair]) < coords.shape[-1]:
-        chart(figures.waterfall_3d(coords, ctx.traj.tokens, components=PC_PAIRS[pair]), "waterfall")
+        chart(figures.waterfall_3d(coords, ctx.tokens, components=PC_PAIRS[pair]), "waterfall")
     if st.toggle("UMAP (slow the first time: the umap import takes ~20 s)", key="umap"):
-        fig = figures.waterfall_3d(compute.umap(ctx.traj, ctx.key), ctx.traj.tokens)
+        fig = figures.waterfall_3d(compute.umap(ctx.traj, ctx.key), ctx.tokens)
         fig.update_layout(
             title="UMAP of all states by token position",
             scene=dict(yaxis_title="UMAP1", zaxis_title="UMAP2"),

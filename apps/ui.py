@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from workbench import position_labels
+from workbench._frames import printable, token_display_strings
 
 from .compute import csv_bytes
 from .inputs import RunSettings
@@ -34,16 +36,57 @@ class Context:
     def key(self) -> tuple:
         return (self.model_key, self.run)
 
-    @property
+    @cached_property
+    def tokens(self) -> list[str]:
+        """Each position's token as printable text (\\n, <0xE4>): what every view labels."""
+        if self.model.tokenizer is None:
+            return [printable(t) for t in self.traj.tokens]
+        return token_display_strings(self.model.tokenizer, self.traj.token_ids)
+
+    @cached_property
     def labels(self) -> list[str]:
-        return position_labels(self.traj.tokens, self.traj.n_tokens)
+        """ "i: 'token'" per position, the labels of the figures and the token pickers."""
+        return position_labels(self.tokens, self.traj.n_tokens)
 
     def token_picker(self, label: str, key: str, default: int = 0) -> int:
+        """One token position, its label refreshed whenever the prompt's tokens change."""
+        default = min(max(default, 0), self.traj.n_tokens - 1)
+        refresh_picks(key, self.labels, [default], single=True)
         positions = list(range(self.traj.n_tokens))
-        default = min(max(default, 0), len(positions) - 1)
-        return st.selectbox(
-            label, positions, index=default, format_func=lambda p: self.labels[p], key=key
-        )
+        return st.selectbox(label, positions, format_func=lambda p: self.labels[p], key=key)
+
+    def tokens_picker(self, label: str, key: str, default: Sequence[int]) -> list[int]:
+        """Several token positions, refreshed like ``token_picker``."""
+        refresh_picks(key, self.labels, list(default), single=False)
+        positions = list(range(self.traj.n_tokens))
+        return st.multiselect(label, positions, format_func=lambda p: self.labels[p], key=key)
+
+
+def refresh_picks(key: str, labels: list[str], default: list[int], single: bool) -> None:
+    """Keep a token widget's picks in step with the current tokens before the widget is drawn.
+
+    The browser keeps the labels it was sent, so after the prompt changes the picks are written
+    again (fresh labels); picks past the new last token are dropped, and the page says which.
+    """
+    seen_key = f"{key}__labels"
+    seen = st.session_state.get(seen_key)
+    st.session_state[seen_key] = labels
+    if key not in st.session_state:
+        st.session_state[key] = default[0] if single else default
+        return
+    if seen == labels:
+        return
+    value = st.session_state[key]
+    picks = [value] if single else list(value)
+    kept = [p for p in picks if 0 <= p < len(labels)]
+    dropped = [p for p in picks if p not in kept]
+    if dropped:
+        names = ", ".join(seen[p] if seen and p < len(seen) else str(p) for p in dropped)
+        st.info(f"Dropped {names} from this token choice: the prompt has {len(labels)} tokens now.")
+    if single:
+        st.session_state[key] = kept[0] if kept else default[0]
+    else:
+        st.session_state[key] = kept
 
 
 def chart(fig: go.Figure, key: str) -> None:

@@ -156,6 +156,39 @@ def test_chat_input_runs_on_the_chat_template(app):
     app.radio(key="mode").set_value("Prompt").run()
 
 
+def test_token_picks_follow_the_prompt(app):
+    default_prompt = app.text_area(key="prompt").value
+    app.text_area(key="prompt").set_value("x = 1\ny = 22\nprint(x + y)").run()
+    try:
+        show(app, "Trajectories")
+        app.multiselect(key="traj_tokens").set_value([2, 12]).run()
+        app.text_area(key="prompt").set_value("x = 1\ny = 3").run()  # 10 tokens: 12 is gone
+        assert_clean(app)
+        picker = app.multiselect(key="traj_tokens")
+        assert picker.value == [2]
+        assert any("Dropped 12: " in i.value and "10 tokens now" in i.value for i in app.info)
+        labels = list(picker.options)
+        assert labels[-1] == "9: '3'" and "5: '\\n'" in labels  # fresh labels, newline escaped
+        app.run()
+        assert not any("Dropped" in i.value for i in app.info)  # said once
+    finally:
+        app.text_area(key="prompt").set_value(default_prompt).run()
+
+
+def test_byte_tokens_are_labelled_by_their_bytes(app):
+    default_prompt = app.text_area(key="prompt").value
+    app.text_area(key="prompt").set_value("naïve\tcafé").run()
+    try:
+        show(app, "Trajectories")
+        assert_clean(app)
+        labels = app.multiselect(key="traj_tokens").options
+        assert not any("\ufffd" in label or "\\ufffd" in label for label in labels), labels
+        assert any("<0xC3>" in label for label in labels), labels
+        assert any("'\\t'" in label for label in labels), labels
+    finally:
+        app.text_area(key="prompt").set_value(default_prompt).run()
+
+
 @pytest.mark.parametrize(
     ("widget", "key", "value", "message"),
     [
