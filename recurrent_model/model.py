@@ -446,9 +446,10 @@ class RecurrentLM(nn.Module):
         return generate_diffusion(self, input_ids, max_new_tokens, **options)
 
     # Persistence ---------------------------------------------------------------------------------
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json, model.safetensors and tokenizer.json (if any) atomically to ``path``."""
-        save_pretrained(self, path)
+    def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> None:
+        """Write config.json, model.safetensors (or shards of at most ``max_shard_bytes`` + index)
+        and tokenizer.json (if any) atomically to ``path``."""
+        save_pretrained(self, path, max_shard_bytes)
 
     def num_parameters(self, part: str | None = None) -> int:
         """Parameter count (tied embedding once) of the model or one part: "wte" (the embedding),
