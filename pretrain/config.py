@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from pretrain.data.config import DataConfig
+from pretrain.precision import PRECISIONS
 from recurrent_model import RecurrentConfig, preset
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cpu-small.yaml"
@@ -128,6 +129,10 @@ class ClusterSection:
     venv: str = ".venv"
     out: str = "runs/frontier"
     gdr: bool = True
+    # True: request node-local NVMe (sbatch -C nvme) and stage the venv and caches there
+    nvme: bool = False
+    node_local_dir: str = ""  # "": /mnt/bb/$USER with nvme, else /tmp
+    wandb_mode: str = "offline"  # WANDB_MODE on the compute nodes unless the job's env sets it
 
 
 SECTIONS: dict[str, type] = {
@@ -138,7 +143,6 @@ SECTIONS: dict[str, type] = {
     "cluster": ClusterSection,
 }
 STRATEGIES = ("ddp", "fsdp", "hsdp", "bucketed")
-PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass

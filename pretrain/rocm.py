@@ -33,6 +33,8 @@ def frontier_environment(
     env = {
         "LD_LIBRARY_PATH": f"{ofi_rccl_lib}:${{LD_LIBRARY_PATH:-}}",
         "NCCL_SOCKET_IFNAME": "hsn",
+        # gloo (the checkpoint group, CPU collectives) takes one exact interface, not a prefix
+        "GLOO_SOCKET_IFNAME": "hsn0",
         "NCCL_CROSS_NIC": "1",
         "FI_CXI_ATS": "0",
         "HSA_FORCE_FINE_GRAIN_PCIE": "1",

@@ -78,7 +78,15 @@ def set_torch_env_from_slurm(environ: MutableMapping[str, str] | None = None) ->
     return {k: environ[k] for k in values}
 
 
-NODE_TMP = "/tmp/huginn-${SLURM_JOB_ID}"  # node-local, per job
+NVME_ROOT = "/mnt/bb/${USER}"  # Frontier's node-local NVMe, mounted when the job asks -C nvme
+
+
+def node_local_root(config: TrainConfig) -> str:
+    """Where each node keeps the venv and caches: ``cluster.node_local_dir``, else the NVMe when
+    ``cluster.nvme``, else /tmp."""
+    c = config.cluster
+    return (c.node_local_dir or (NVME_ROOT if c.nvme else "/tmp")).rstrip("/")
+
 
 # Runs once on every node (one task per node): unpack the broadcast venv, seed the node-local
 # caches from the chain's persistent copy. Exported as a bash function so srun's bash can call it.
@@ -101,8 +109,8 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
     minutes before the limit, and an array chain (``%1``: one job at a time) whose every link
     resumes from the newest checkpoint.
 
-    Every link raises ``ulimit -n`` (each rank memory-maps every shard), copies the venv to
-    node-local storage once per node (tar once per chain, ``sbcast``, untar in a one-task-per-node
+    Every link raises ``ulimit -n``, copies the venv to node-local storage (``/tmp``, or the NVMe
+    with ``cluster.nvme``) once per node (tar once per chain, ``sbcast``, untar in a one-task-per-node
     step) instead of 8 x nodes ranks importing torch from the shared file system, keeps the
     inductor and MIOpen caches node-local while running and persistent in ``OUT/cache`` between
     links, and runs the data preparation as its own step only when the manifest is missing or
@@ -112,7 +120,8 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
     tasks = c.nodes * c.gpus_per_node
     node_cores = c.gpus_per_node * c.cpus_per_task
     workers = config.data.workers if config.data.workers > 1 else node_cores
-    env = frontier_environment(ofi_rccl_lib=c.ofi_rccl_lib, gdr=c.gdr, cache_root=NODE_TMP)
+    node_tmp = f"{node_local_root(config)}/huginn-${{SLURM_JOB_ID}}"  # node-local, per job
+    env = frontier_environment(ofi_rccl_lib=c.ofi_rccl_lib, gdr=c.gdr, cache_root=node_tmp)
     common = ["--config", config_path, "--out", c.out]
     for o in overrides or []:
         common += ["--set", o]
@@ -131,6 +140,7 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         f"#SBATCH --time={c.time}",
         "#SBATCH --signal=USR1@300",
         "#SBATCH --output=slurm-%x-%A_%a.out",
+        *(["#SBATCH -C nvme"] if c.nvme else []),
         *([array.rstrip("\n")] if array else []),
         "set -euo pipefail",
         "",
@@ -140,17 +150,19 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         "# stdout is a file here, so the trainer logs progress lines instead of drawing a bar.",
         'cd "${SLURM_SUBMIT_DIR:-.}"',
         "",
-        "# Every rank memory-maps every data shard: raise the open-file limit to the hard limit;",
-        "# srun --propagate=NOFILE carries it to the ranks on every node.",
+        "# Each rank memory-maps only the shards it reads, a few at a time; the open-file limit is",
+        "# raised to the hard limit anyway (srun --propagate=NOFILE carries it to every node).",
         'ulimit -n "$(ulimit -Hn)" 2>/dev/null || ulimit -n 1048576 2>/dev/null \\',
         '    || echo "warning: ulimit -n stays at $(ulimit -n)" >&2',
         "set +u  # module scripts may read unset variables",
         *(f"module load {m}" for m in c.modules),
         "set -u",
-        f"export NODE_TMP={NODE_TMP}",
+        f"export NODE_TMP={node_tmp}",
         f'export RUN_CACHE="$(realpath -m {shlex.quote(c.out)})/cache"  # kept across the chain\'s links',
         'mkdir -p "$RUN_CACHE/inductor" "$RUN_CACHE/miopen"',
         "export PYTHONUNBUFFERED=1",
+        "# Compute nodes have no route out: W&B logs offline (wandb sync later) unless told otherwise.",
+        f'export WANDB_MODE="${{WANDB_MODE:-{c.wandb_mode}}}"',
         "",
         "# The recipe's environment (pretrain/rocm.py: frontier_environment); caches node-local",
         *(f'export {k}="{v}"' for k, v in env.items()),
@@ -184,8 +196,9 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 20000))",
         "",
         "status=0",
+        "# One GCD per rank, bound to the CPU cores closest to it (OLCF's Frontier guide).",
         f"srun -N {c.nodes} -n {tasks} --ntasks-per-node={c.gpus_per_node} "
-        f"--gpus-per-node={c.gpus_per_node} -c {c.cpus_per_task} --kill-on-bad-exit=1 "
+        f"-c {c.cpus_per_task} --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 "
         "--propagate=NOFILE \\",
         f"    python pretrain/launch.py {_quoted([*common, '--resume'])} || status=$?",
         "",

@@ -37,8 +37,8 @@ def test_script_has_the_cluster_pieces_in_order():
         "--check",
         "srun -N 1 -n 1 -c 56 --kill-on-bad-exit=1",
         "--set train.lr=1e-4 --workers 56",
-        "srun -N 512 -n 4096 --ntasks-per-node=8 --gpus-per-node=8 -c 7 --kill-on-bad-exit=1 "
-        "--propagate=NOFILE",
+        "srun -N 512 -n 4096 --ntasks-per-node=8 -c 7 --gpus-per-task=1 --gpu-bind=closest "
+        "--kill-on-bad-exit=1 --propagate=NOFILE",
         "python pretrain/launch.py --config cfg.yaml --out runs/huginn-3.5b --set train.lr=1e-4 "
         "--resume",
         'cp -a -u "$TORCHINDUCTOR_CACHE_DIR/." "$RUN_CACHE/inductor/"',
@@ -68,7 +68,8 @@ FAKE_PYTHON = """#!/bin/bash
 echo "python $0 $*" >> "$STUB_LOG"
 case "$*" in
   *--check*) exit 1 ;;
-  *launch.py*) echo kernel > "$TORCHINDUCTOR_CACHE_DIR/compiled-kernel" ;;
+  *launch.py*) echo kernel > "$TORCHINDUCTOR_CACHE_DIR/compiled-kernel"
+    echo "$WANDB_MODE" > "$RUN_OUT/wandb_mode"; echo "$GLOO_SOCKET_IFNAME" > "$RUN_OUT/gloo_ifname" ;;
 esac
 """
 
@@ -78,7 +79,8 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_script_runs_against_stand_in_slurm_commands(tmp_path):
+@pytest.mark.parametrize("nvme", [False, True])
+def test_script_runs_against_stand_in_slurm_commands(tmp_path, nvme):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in STUBS.items():
@@ -95,10 +97,18 @@ def test_script_runs_against_stand_in_slurm_commands(tmp_path):
                 f"cluster.out={out}",
                 "cluster.nodes=2",
                 "cluster.modules=[m]",
+                *(
+                    ["cluster.nvme=true", f"cluster.node_local_dir={tmp_path / 'bb'}"]
+                    if nvme
+                    else []
+                ),
             ],
         ),
         "cfg.yaml",
     )
+    assert ("#SBATCH -C nvme" in script) is nvme
+    if nvme:  # the stand-in for /mnt/bb/$USER: a node-local directory that exists
+        (tmp_path / "bb").mkdir()
     job = str(900_000_000 + uuid.uuid4().int % 99_999_999)  # numeric, like a SLURM job id
     log = tmp_path / "stub.log"
     env = {
@@ -109,8 +119,9 @@ def test_script_runs_against_stand_in_slurm_commands(tmp_path):
         "SLURM_JOB_ID": job,
         "SLURM_JOB_NODELIST": "node[01-02]",
         "SLURM_SUBMIT_DIR": str(tmp_path / "submit"),
+        "RUN_OUT": str(out),
     }
-    node_tmp = Path(f"/tmp/huginn-{job}")  # the script's node-local directory
+    node_tmp = Path(f"{tmp_path / 'bb' if nvme else '/tmp'}/huginn-{job}")  # node-local
     try:
         proc = subprocess.run(
             ["bash", "-c", script, "sbatch"], env=env, capture_output=True, text=True, timeout=60
@@ -133,6 +144,9 @@ def test_script_runs_against_stand_in_slurm_commands(tmp_path):
         assert (out / "cache" / "inductor" / "compiled-kernel").read_text() == "kernel\n"
         assert not Path(f"{node_tmp}.venv.tar").exists()  # unpacked on the node, then removed
         assert not node_tmp.exists()  # node-local copies freed at the end
+        assert "--gpus-per-task=1 --gpu-bind=closest" in next(c for c in calls if "-n 16" in c)
+        assert (out / "wandb_mode").read_text() == "offline\n"
+        assert (out / "gloo_ifname").read_text() == "hsn0\n"
     finally:
         shutil.rmtree(node_tmp, ignore_errors=True)
 

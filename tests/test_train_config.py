@@ -59,12 +59,18 @@ def test_slurm_script_is_complete():
     assert script.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=512" in script and "#SBATCH --signal=USR1@300" in script
     assert "#SBATCH --array=1-8%1" in script
-    assert "srun -N 512 -n 4096 --ntasks-per-node=8 --gpus-per-node=8 -c 7" in script
+    assert (
+        "srun -N 512 -n 4096 --ntasks-per-node=8 -c 7 --gpus-per-task=1 --gpu-bind=closest"
+        in script
+    )
+    assert "#SBATCH -C nvme" not in script  # only when cluster.nvme asks
     assert "--resume" in script and "--set train.lr=1e-4" in script
     for module in ("PrgEnv-gnu", "rocm", "craype-accel-amd-gfx90a"):
         assert f"module load {module}" in script
     for var in (
         'NCCL_SOCKET_IFNAME="hsn"',
+        'GLOO_SOCKET_IFNAME="hsn0"',
+        'WANDB_MODE="${WANDB_MODE:-offline}"',
         'NCCL_NET_GDR_LEVEL="3"',
         'FI_CXI_ATS="0"',
         'TORCHINDUCTOR_CACHE_DIR="/tmp/',
