@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from .checkpointing import (
     EXPORT_DTYPES,
@@ -29,6 +30,9 @@ from .checkpointing import (
     write_state_json,
 )
 from .distributed import DistContext
+
+# DCP raises CheckpointException (a BaseException) on every rank when any rank's write failed.
+WRITE_ERRORS = (Exception, CheckpointException)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -126,7 +130,7 @@ class CheckpointManager:
                 self.asynchronous,
                 self.stager,
             )
-        except Exception as exc:  # noqa: BLE001 - every rank reports, then all stop together
+        except WRITE_ERRORS as exc:  # every rank reports, then all stop together
             pending.error = exc
         self._pending = pending
         return None if self.asynchronous else self.wait()
@@ -147,7 +151,7 @@ class CheckpointManager:
         if self._pending.future is not None:
             try:
                 self._pending.future.result()
-            except Exception:  # noqa: BLE001 - collected by _finish
+            except WRITE_ERRORS:  # collected by _finish
                 pass
         return self._finish()
 
@@ -167,11 +171,9 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         assert pending is not None
         error = pending.error or _future_error(pending.future)
-        failed = self.ctx.all_reduce(
-            torch.tensor([float(error is not None)], device=self.ctx.device)
-        )
-        if failed.item() > 0:
-            self._abandon(pending, error, int(failed.item()))
+        reports = [r for r in self.ctx.all_gather_object(_describe(error)) if r]
+        if reports:
+            self._abandon(pending, error, reports)
         snapshot = pending.snapshot
         if pending.export:
             plan = consolidation_plan(snapshot.model, self.ctx.world_size)
@@ -187,19 +189,17 @@ class CheckpointManager:
         self.ctx.barrier()
         return path
 
-    def _abandon(self, pending: _Pending, error: BaseException | None, ranks: int) -> None:
-        """A failed write: remove its staging directory, say why, stop every rank."""
-        name = f"checkpoint step {pending.snapshot.step}"
-        if error is not None:
-            print(f"rank {self.ctx.rank}: {name}: write failed: {error!r}", flush=True)
-        self.ctx.barrier()
+    def _abandon(self, pending: _Pending, error: BaseException | None, reports: list[str]) -> None:
+        """A failed write: remove its staging directory, stop every rank with one message."""
         if self.ctx.is_main:
             shutil.rmtree(pending.staging, ignore_errors=True)
             self.directory.done_writing(pending.staging)
+        self.ctx.barrier()
         latest = self.directory.latest()
         raise CheckpointWriteError(
-            f"{name} was not published: its write failed on {ranks} of {self.ctx.world_size} "
-            f"rank(s); latest still names {latest.name if latest else 'no checkpoint'}"
+            f"checkpoint step {pending.snapshot.step} was not published: the write failed "
+            f"({'; '.join(dict.fromkeys(reports))}); latest still names "
+            f"{latest.name if latest else 'no checkpoint'}"
         ) from error
 
     def _prune_in_background(self) -> None:
@@ -224,11 +224,24 @@ def _report_prune_error(future: Future) -> None:
         print(f"pruning old checkpoints failed: {error!r} (they stay on disk)", flush=True)
 
 
+def _describe(error: BaseException | None) -> str | None:
+    """One line naming the failed ranks and their errors (DCP's exception lists every rank's)."""
+    if error is None:
+        return None
+    if isinstance(error, CheckpointException):
+        failures = []
+        for rank, failure in sorted(error.failures.items()):
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            failures.append(f"rank {rank}: {cause!r}")
+        return "; ".join(failures)
+    return repr(error)
+
+
 def _future_error(future: Future | None) -> BaseException | None:
     if future is None:
         return None
     try:
         future.result()
-    except Exception as exc:  # noqa: BLE001 - the write's failure, reported by the caller
+    except WRITE_ERRORS as exc:  # the write's failure, reported by the caller
         return exc
     return None

@@ -180,8 +180,9 @@ def train(config, out: Path, resume: bool = False, max_steps: int | None = None)
             return 2
         try:
             summary = trainer.run()
-        except CheckpointWriteError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except CheckpointWriteError as exc:  # every rank stops; rank 0 says why
+            if ctx.is_main:
+                print(f"error: {exc}", file=sys.stderr)
             return 1
     finally:
         shutdown()
