@@ -2,13 +2,55 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from workbench import figures
-from workbench.dynamics import KINDS, MIN_TAIL
+from workbench.dynamics import MIN_TAIL, DynamicsThresholds
 
 from . import compute
+from .inputs import MAX_STEPS
 from .ui import Context, chart, table_download
+
+SHOWN_KINDS = ("fixed_point", "converging", "orbit", "slider", "other")
+KIND_MEANINGS = (
+    "**fixed point**: has stopped moving · **converging**: heading for a fixed point, still "
+    "moving · **orbit**: circles a closed loop (period in steps) · **slider**: drifts steadily "
+    "one way · **other**: none of these over the steps run."
+)
+UNSETTLED_SHARE = 0.25  # suggest more steps when at least this share is converging or other
+
+
+def settled(frame: pd.DataFrame) -> pd.Series:
+    """Whether each token has stopped moving: `classify_dynamics`' ``settled`` column, or (from a
+    workbench without it) its last relative step below the classifier's fixed-point tolerance."""
+    if "settled" in frame.columns:
+        return frame["settled"].astype(bool)
+    return frame["final_step_size"] < DynamicsThresholds().fixed_tol
+
+
+def shown_kinds(frame: pd.DataFrame) -> pd.Series:
+    """The kind each token is shown as: a fixed point that has not settled is "converging"."""
+    kind = frame["kind"].astype(object).copy()
+    kind[(kind == "fixed_point") & ~settled(frame)] = "converging"
+    return kind
+
+
+def more_steps_hint(kinds: pd.Series, num_steps: int) -> None:
+    """Suggest more steps (with a button) when many tokens are still on their way."""
+    moving = int(kinds.isin(["converging", "other"]).sum())
+    if moving < UNSETTLED_SHARE * len(kinds) or num_steps >= MAX_STEPS:
+        return
+    more = min(2 * num_steps, MAX_STEPS)
+    st.info(
+        f"{moving} of {len(kinds)} tokens have not settled in {num_steps} steps (converging or "
+        f"other): more steps may show where they end up."
+    )
+    st.button(
+        f"Use {more} steps",
+        key="dyn_more_steps",
+        on_click=lambda: st.session_state.update(steps=more),
+    )
 
 
 def _select_row() -> None:
@@ -19,15 +61,19 @@ def _select_row() -> None:
 
 
 def render(ctx: Context) -> None:
-    """Per-token kind (fixed point, orbit, slider, other) and a rotation panel for one token."""
+    """Per-token kind (fixed point, converging, orbit, slider, other) and one token's rotation."""
     if ctx.traj.num_steps < MIN_TAIL:
         st.info(f"The dynamics classifier needs at least {MIN_TAIL} steps; raise the step count.")
         return
-    frame = compute.dynamics(ctx.traj, ctx.key, ctx.tokens)
+    frame = compute.dynamics(ctx.traj, ctx.key, ctx.tokens).copy()
+    frame["kind"], frame["settled"] = shown_kinds(frame), settled(frame)
     counts = frame["kind"].value_counts()
-    for col, kind in zip(st.columns(len(KINDS)), KINDS):
+    for col, kind in zip(st.columns(len(SHOWN_KINDS)), SHOWN_KINDS):
         col.metric(kind.replace("_", " "), int(counts.get(kind, 0)))
-    shown = ["token_text", "kind", "period", "angular_speed", "drift_speed", "final_step_size"]
+    st.caption(KIND_MEANINGS)
+    more_steps_hint(frame["kind"], ctx.traj.num_steps)
+    shown = ["token_text", "kind", "settled", "period", "angular_speed", "drift_speed"]
+    shown.append("final_step_size")
     st.dataframe(frame[shown], key="dyn_table", on_select=_select_row, selection_mode="single-row")
     orbits = frame.index[frame["kind"] == "orbit"].tolist()
     position = ctx.token_picker(
@@ -35,7 +81,7 @@ def render(ctx: Context) -> None:
     )
     row = frame.loc[position]
     st.caption(
-        f"{ctx.labels[position]}: {row['kind']}"
+        f"{ctx.labels[position]}: {row['kind'].replace('_', ' ')}"
         + (f", period {row['period']:.1f} steps" if row["kind"] == "orbit" else "")
     )
     basis = compute.plane(ctx.traj, ctx.key, position)

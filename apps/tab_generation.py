@@ -14,6 +14,16 @@ from .ui import Context, chart, table_download
 EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
 
 
+def threshold_problem(criterion: str | None, threshold: float) -> str | None:
+    """Why an exit threshold cannot be used as typed (None when it can): 0 means the criterion's
+    default, a positive value is used as is, anything else is refused rather than replaced."""
+    if threshold < 0 or threshold != threshold:
+        return f"The exit threshold must be positive (or 0 for the criterion's default), got {threshold:g}."
+    if criterion is None and threshold > 0:
+        return "An exit threshold needs an exit criterion: pick one, or set the threshold to 0."
+    return None
+
+
 def render(ctx: Context) -> None:
     """Generate a continuation with an adaptive exit and show the iterations spent per token."""
     room = ctx.model.config.block_size - len(ctx.run.token_ids)
@@ -37,7 +47,11 @@ def render(ctx: Context) -> None:
         st.error(f"New tokens must lie between 1 and {room} (the context left after the prompt).")
         return
     criterion = None if crit == EXIT_CRITERIA[0] else crit
-    threshold = thr if criterion is not None and thr > 0 else None
+    problem = threshold_problem(criterion, thr)
+    if problem:
+        st.error(problem)
+        return
+    threshold = thr if thr > 0 else None
     with shown_as_message():
         out = compute.generation(
             ctx.model,

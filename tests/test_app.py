@@ -86,10 +86,13 @@ def test_every_analysis_view_renders(app, view, charts, downloads):
     assert charts <= chart_keys(app)
     assert len(app.get("download_button")) == downloads
     if view == "Dynamics":
-        assert [m.label for m in app.metric] == ["fixed point", "orbit", "slider", "other"]
+        kinds = ["fixed point", "converging", "orbit", "slider", "other"]
+        assert [m.label for m in app.metric] == kinds
         table = app.dataframe[0].value
         assert sum(int(m.value) for m in app.metric) == len(table)
-        assert set(table["kind"]) <= {"fixed_point", "orbit", "slider", "other"}
+        assert set(table["kind"]) <= {"fixed_point", "converging", "orbit", "slider", "other"}
+        assert not (table["kind"] == "fixed_point")[~table["settled"]].any()
+        assert any("**converging**: heading for a fixed point" in c.value for c in app.caption)
 
 
 def test_dynamics_token_choice_redraws_its_rotation_panel(app):
@@ -99,6 +102,22 @@ def test_dynamics_token_choice_redraws_its_rotation_panel(app):
     assert app.caption[-1].value.startswith("3: ")
     rotation = next(c for c in app.get("plotly_chart") if c.key == "rotation")
     assert "3: " in json.loads(rotation.proto.spec)["layout"]["title"]["text"]
+
+
+def test_dynamics_suggests_more_steps_while_tokens_still_move(app):
+    show(app, "Dynamics")
+    table = app.dataframe[0].value
+    moving = int(table["kind"].isin(["converging", "other"]).sum())
+    assert moving >= len(table) / 4  # 12 steps: most tokens are still on their way
+    assert any(f"{moving} of {len(table)} tokens have not settled in 12 steps" in i.value
+               for i in app.info)  # fmt: skip
+    try:
+        app.button(key="dyn_more_steps").click().run()
+        assert_clean(app)
+        assert app.number_input(key="steps").value == 24
+        assert any("24 steps" in c.value for c in app.caption)
+    finally:
+        app.number_input(key="steps").set_value(12).run()
 
 
 def test_lens_switches_between_coda_and_logit(app):
@@ -128,6 +147,27 @@ def test_generation_reports_iterations_per_token(app):
     assert ((table["steps"] >= 1) & (table["steps"] <= 12)).all()
     assert float(metric.value) == pytest.approx(table["steps"].mean(), abs=0.05)
     assert "gen_steps" in charts
+
+
+@pytest.mark.parametrize(
+    ("criterion", "threshold", "message"),
+    [
+        ("kl", -0.5, "must be positive (or 0 for the criterion's default), got -0.5"),
+        ("none (fixed steps)", 1e-3, "needs an exit criterion"),
+    ],
+)
+def test_an_unusable_exit_threshold_is_a_message(app, criterion, threshold, message):
+    show(app, "Generation")
+    app.selectbox(key="gen_exit").set_value(criterion)
+    app.number_input(key="gen_threshold").set_value(threshold)
+    app.button[0].click().run()
+    try:
+        assert not app.exception
+        assert app.error and message in app.error[0].value
+        assert "gen_steps" not in chart_keys(app)  # nothing generated with another threshold
+    finally:
+        del app.session_state["gen_request"]
+        app.number_input(key="gen_threshold").set_value(0.0).run()
 
 
 def test_umap_only_on_request(app, monkeypatch):
