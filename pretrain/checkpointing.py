@@ -457,6 +457,31 @@ def finish_export(directory: Path, plan: dict[str, int]) -> None:
     atomic_write_text(directory / INDEX_FILE, json.dumps(index, indent=2) + "\n")
 
 
+def consolidate_checkpoint(checkpoint: Path, directory: Path) -> None:
+    """A checkpoint that was not exported, as a Huginn-layout model directory ``directory``
+    (config.json, tokenizer.json, model.safetensors in float32), in one process."""
+    from recurrent_model import RecurrentConfig
+
+    if not (checkpoint / SHARDS_DIR).is_dir():
+        raise ResumeError(f"{checkpoint} has neither exported weights nor {SHARDS_DIR}/")
+    directory.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        model = RecurrentLM(
+            RecurrentConfig.from_json(checkpoint / "config.json"), init_weights=False
+        )
+    plan = plan_files({k: 1 for k in model_tensors(model)}, ranks=1)
+    for name in ("config.json", "tokenizer.json"):
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, directory / name)
+    os.symlink((checkpoint / SHARDS_DIR).resolve(), directory / SHARDS_DIR)
+    try:
+        with _quiet_single_process():
+            export_model(directory, plan)
+    finally:
+        (directory / SHARDS_DIR).unlink()
+    finish_export(directory, plan)
+
+
 def is_exported(path: Path) -> bool:
     """Whether ``path`` holds Huginn-layout weights (``recurrent_model.load_model`` opens it)."""
     return (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()

@@ -3,7 +3,9 @@
     python pretrain/export.py --run runs/default --out checkpoints/default
 
 Copies the model files of the run's latest (or a named) checkpoint — config.json, model.safetensors,
-tokenizer.json, no optimizer state — after loading them with ``recurrent_model.load_model``, and writes
+tokenizer.json, no optimizer state — after loading them with ``recurrent_model.load_model`` (a
+checkpoint the trainer did not export, see ``train.export_every``, is consolidated from its shards
+first), and writes
 ``provenance.json``: the commands that produced the run, its config, corpus hash, git commit, steps,
 tokens seen, training time and the final training and validation losses from metrics.jsonl.
 """
@@ -13,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpointing import LATEST, STATE_JSON
+from pretrain.checkpointing import LATEST, STATE_JSON, consolidate_checkpoint, is_exported
 from recurrent_model import atomic_directory, load_model
 from recurrent_model.checkpoint import write_checkpoint_files
 
@@ -111,8 +114,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     root = run / "checkpoints"
     name = args.checkpoint or (root / LATEST).read_text().strip()
     checkpoint = root / Path(name).name
-    model = load_model(checkpoint)  # proves the files load before anything is written
     record = provenance(run, checkpoint, args.note)
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=root) as scratch:
+        weights = checkpoint
+        if not is_exported(checkpoint):  # consolidate the shards of a checkpoint between exports
+            weights = Path(scratch) / "model"
+            consolidate_checkpoint(checkpoint, weights)
+        model = load_model(weights)  # proves the files load before anything is written
     with atomic_directory(args.out) as tmp:
         write_checkpoint_files(model, tmp)
         (tmp / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")

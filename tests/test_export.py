@@ -54,3 +54,28 @@ def test_provenance_lists_resumes_in_order_with_the_last_config(tmp_path):
     )
     assert record["steps"] == 6 and len(record["commands"]) == 2
     assert record["config"]["train"]["max_steps"] == 6  # what the final steps trained with
+
+
+def test_export_of_a_checkpoint_between_exports_consolidates_its_shards(tmp_path):
+    """With train.export_every=0 only the last checkpoint is in the Huginn layout; exporting an
+    earlier one consolidates its float32 shards, the same weights the trainer held."""
+    from safetensors.torch import load_file
+
+    from pretrain.checkpointing import SHARDS_DIR, is_exported
+
+    config = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    args = ["--set", "train.export_every=0", "--set", "train.checkpoint_every=2"]
+    assert launch_main(["--config", str(config), "--out", str(run), *args]) == 0
+    step2 = run / "checkpoints" / "step-0000002"
+    assert not is_exported(step2) and is_exported(run / "checkpoints" / "step-0000004")
+    out = export_main(
+        ["--run", str(run), "--out", str(tmp_path / "model"), "--checkpoint", "step-0000002"]
+    )
+    assert json.loads((out / "provenance.json").read_text())["steps"] == 2
+    [shard] = (step2 / SHARDS_DIR).glob("*-model-00001-of-*.safetensors")
+    saved = load_file(shard)
+    exported = rm.load_model(out).state_dict()
+    for key, value in saved.items():
+        assert torch.equal(exported[key], value), key
+    assert not any(p.name.startswith(".export-") for p in (run / "checkpoints").iterdir())
