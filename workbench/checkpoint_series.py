@@ -26,7 +26,9 @@ import torch
 import recurrent_model as rm
 
 from .collect import collect
+from .core_map import CoreMap, initial_state
 from .dynamics import KINDS, classify_dynamics
+from .lyapunov import token_exponents
 from .path_independence import path_independence
 from .token_correlation import token_correlation
 
@@ -81,8 +83,13 @@ def checkpoint_metrics(
     depths: Sequence[int],
     num_steps: int,
     seeds: Sequence[int] = (0, 1, 2),
+    stability: bool = False,
 ) -> tuple[dict[int, float], dict[str, float]]:
-    """Loss by depth, and the dynamics/spread/correlation summary at ``num_steps``, for one model."""
+    """Loss by depth, and the dynamics/spread/correlation summary at ``num_steps``, for one model.
+
+    ``stability`` adds ``lambda_1_mean``/``lambda_1_max`` (every token's block λ_1 along its
+    trajectory from the first seed's s_0) and ``share_stable`` (the share with λ_1 < 0).
+    """
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ValueError("the checkpoint has no tokenizer.json, so texts cannot be encoded")
@@ -90,8 +97,12 @@ def checkpoint_metrics(
     if any(len(r) < 2 for r in rows):
         raise ValueError("every text must encode to at least 2 tokens")
     losses = {int(d): _loss(model, rows, int(d), seed=0) for d in depths}
-    kinds, spreads, correlations = [], [], []
+    kinds, spreads, correlations, exponents = [], [], [], []
     for ids in rows:
+        if stability:
+            core = CoreMap.from_model(model, ids)
+            start = initial_state(model, core, 1.0, seeds[0])
+            exponents.append(token_exponents(core, start, num_steps))
         states = collect(model, ids, num_steps, seeds=seeds, progress=False).states
         kinds.append(classify_dynamics(states[0])["kind"])
         final = path_independence(states)
@@ -101,6 +112,10 @@ def checkpoint_metrics(
     summary = {f"share_{k}": float(shares.get(k, 0.0)) for k in KINDS}
     summary["spread"] = float(np.mean(spreads))
     summary["token_correlation"] = float(np.mean(correlations))
+    if stability:
+        lambdas = np.concatenate(exponents)
+        summary.update(lambda_1_mean=float(lambdas.mean()), lambda_1_max=float(lambdas.max()),
+                       share_stable=float((lambdas < 0).mean()))  # fmt: skip
     return losses, summary
 
 
@@ -112,6 +127,7 @@ def checkpoint_series(
     seeds: Sequence[int] = (0, 1, 2),
     steps: Sequence[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stability: bool = False,
 ) -> pd.DataFrame:
     """Analyse the checkpoints of a training run in step order on ``texts``.
 
@@ -121,7 +137,9 @@ def checkpoint_series(
     ``share_other``, ``spread`` and ``token_correlation`` measured at ``num_steps``, plus
     ``train_loss`` from metrics.jsonl (NaN if not logged). ``depths`` defaults to 1, 2, 4, r̄, 2r̄,
     4r̄ of the first checkpoint, ``num_steps`` to 4r̄; ``steps`` picks a subset of checkpoints.
-    ``progress(done, total)`` is called after each checkpoint.
+    ``progress(done, total)`` is called after each checkpoint. ``stability`` adds ``lambda_1_mean``,
+    ``lambda_1_max`` and ``share_stable`` (tokens whose block λ_1 < 0) at ``num_steps``; it costs
+    about one JVP per token and iteration more, so it is off unless asked for.
     """
     if not texts:
         raise ValueError("texts is empty: give the texts to measure loss and dynamics on")
@@ -138,7 +156,9 @@ def checkpoint_series(
         model = rm.load_model(path)
         r = model.config.mean_recurrence
         run_depths = sorted(set(depths or (1, 2, 4, r, 2 * r, 4 * r)))
-        losses, summary = checkpoint_metrics(model, texts, run_depths, num_steps or 4 * r, seeds)
+        losses, summary = checkpoint_metrics(
+            model, texts, run_depths, num_steps or 4 * r, seeds, stability=stability
+        )
         frame = pd.DataFrame({"step": step, "depth": list(losses), "loss": list(losses.values())})
         frame["gain"] = 1 - frame["loss"] / frame["loss"].iloc[0]
         for key, value in summary.items():

@@ -156,3 +156,37 @@ def lyapunov_spectrum(
     frame.attrs["running"] = run.running
     frame.attrs["warmup"] = run.warmup
     return frame
+
+
+def token_exponents(
+    map_: StateMap, start: torch.Tensor, num_steps: int, warmup: int | None = None, seed: int = 0
+) -> np.ndarray:
+    """λ_1 of every token's block ∂F_t/∂s_t along the trajectory from ``start``, (T,), in one run.
+
+    Tangent t lives on row t only; one batched JVP of the full map gives J·V, whose row t is the
+    block's image (causal attention: the rows before t do not move, the rows after it are dropped).
+    """
+    num_steps = int(num_steps)
+    warmup = num_steps // 2 if warmup is None else int(warmup)
+    if num_steps < 1 or not 0 <= warmup < num_steps:
+        raise ValueError(
+            f"need num_steps >= 1 and 0 <= warmup < num_steps, got {num_steps}, {warmup}"
+        )
+    T = start.shape[0]
+    rows = torch.arange(T)
+    generator = torch.Generator().manual_seed(int(seed))
+    vectors = torch.randn(T, start.shape[1], generator=generator, dtype=torch.float64).to(
+        start.dtype
+    )
+    vectors = vectors / vectors.norm(dim=-1, keepdim=True)
+    state, logs = start, []
+    for _ in range(num_steps):
+        tangents = torch.zeros(T, *start.shape, dtype=start.dtype)
+        tangents[rows, rows] = vectors
+        images = vmap(lambda v: jvp(map_, (state,), (v,))[1])(tangents)[rows, rows]
+        norms = images.double().norm(dim=-1)
+        logs.append(norms.log().numpy())
+        vectors = (images / norms[:, None].to(images.dtype)).detach()
+        with torch.no_grad():
+            state = map_(state)
+    return np.mean(np.array(logs)[warmup:], axis=0)

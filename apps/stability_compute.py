@@ -1,0 +1,110 @@
+"""Cached stability computations behind the Stability tab and the Training tab's λ_1 per checkpoint.
+
+Every analysis is a workbench call (``workbench.fixed_point_spectrum``, ``lyapunov``,
+``stretch_attribution``, ``checkpoint_series(stability=True)``); this module only estimates, caches and
+reports progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+import torch
+
+import workbench
+from recurrent_model.threads import threads_for
+from workbench.lyapunov import lyapunov_run
+from workbench.stretch_attribution import stretch_attribution
+
+from . import compute, cost
+
+#: A JVP costs about this many core passes (dual numbers; measured on the default checkpoint).
+JVP_PASSES = 2.0
+#: Core passes a fixed-point search may spend, and the JVPs Arnoldi takes per requested eigenvalue.
+FIXED_POINT_PASSES, ARNOLDI_JVPS_PER_K = 200, 25
+
+
+def stability_passes(num_steps: int, k: int) -> int:
+    """Core-pass equivalents of one token's analysis (an upper bound: the fixed point's budget)."""
+    lyapunov = num_steps * (1 + JVP_PASSES * k)
+    attribution = num_steps * (1 + JVP_PASSES) + 2 * JVP_PASSES
+    arnoldi = ARNOLDI_JVPS_PER_K * k * JVP_PASSES
+    return int(np.ceil(lyapunov + attribution + arnoldi + FIXED_POINT_PASSES))
+
+
+def estimate(model, tokens: int, num_steps: int, k: int) -> cost.CostEstimate:
+    """The estimated cost of :func:`token_stability` on this device."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    overhead = cost.default_overhead(str(model.device), dtype)
+    return compute.estimate(model, tokens, stability_passes(num_steps, k), 1, overhead)
+
+
+@dataclass(frozen=True)
+class TokenStability:
+    """Everything the Stability tab shows for one token."""
+
+    spectrum: pd.DataFrame
+    exponents: pd.DataFrame
+    running: np.ndarray
+    warmup: int
+    attribution: pd.DataFrame
+    distances: np.ndarray
+    converged: bool
+    residual: float
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def token_stability(_model, _traj, key: tuple, position: int, k: int, guess: str) -> TokenStability:
+    """Spectrum at the token's fixed point (others at s_r), Lyapunov run and attribution along the
+    collected trajectory of the first seed, and the distance of s_i from the fixed point."""
+    run = key[1]
+    bar = st.progress(0.0, text=f"Stability of token {position}: {guess}")
+    raw = torch.from_numpy(np.ascontiguousarray(_traj.raw_states[0])).to(_model.dtype)
+    ids = list(run.token_ids)
+    steps = raw.shape[0] - 1
+
+    def on_step(done: int, total: int) -> None:
+        bar.progress(0.2 + 0.6 * done / total, text=f"Lyapunov exponents: step {done} of {total}")
+
+    with threads_for(_model):
+        spectrum = workbench.fixed_point_spectrum(
+            _model, ids, position=position, k=k, num_steps=steps, init_scale=run.init_scale,
+            seed=run.seeds[0], max_iter=FIXED_POINT_PASSES,
+        )  # fmt: skip
+        bar.progress(0.2, text="Lyapunov exponents …")
+        lyap = lyapunov_run(
+            _model, ids, steps, position=position, k=k, state=raw[0], on_step=on_step
+        )
+        bar.progress(0.8, text="Attribution by sub-layer …")
+        attribution = stretch_attribution(
+            _model, ids, position=position, num_steps=steps, state=raw[0]
+        )
+    point = torch.from_numpy(spectrum.attrs["state"]).to(raw.dtype)
+    distances = ((raw[:, position] - point).norm(dim=-1) / point.norm()).double().numpy()
+    exponents = pd.DataFrame({"index": np.arange(1, k + 1), "exponent": lyap.exponents})
+    bar.empty()
+    return TokenStability(
+        spectrum, exponents, lyap.running, lyap.warmup, attribution, distances,
+        bool(spectrum.attrs.get("converged", True)), float(spectrum.attrs["residual"]),
+    )  # fmt: skip
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def series_stability(
+    run_dir: str, text: str, num_steps: int, seeds: tuple[int, ...], signature: str
+) -> pd.DataFrame:
+    """``workbench.checkpoint_series`` with λ_1 and the share of stable tokens, a bar per checkpoint."""
+    del signature  # part of the cache key only
+    bar = st.progress(0.0, text="λ_1 of every checkpoint …")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"λ_1: analysed {done} of {total} checkpoints")
+
+    frame = workbench.checkpoint_series(
+        run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress, stability=True
+    )
+    bar.empty()
+    return frame

@@ -1,0 +1,30 @@
+"""AppTest of the Stability tab: a cost estimate first, then the five figures for the chosen token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+FIGURES = {"stab_eigen", "stab_running", "stab_distance", "stab_lyapunov", "stab_attribution"}
+
+
+def test_stability_tab_estimates_then_shows_the_token_analysis():
+    at = AppTest.from_file(APP, default_timeout=240).run()
+    at.number_input(key="steps").set_value(16)
+    at.text_input(key="seeds").set_value("0")
+    at.text_area(key="prompt").set_value("def add(a, b):\n    return a + b")
+    at.session_state["view"] = "Stability"
+    at.run()
+    assert not at.exception, at.exception
+    assert any("at most" in m.value and "GFLOP" in m.value for m in at.markdown)
+    assert not FIGURES & {
+        c.key for c in at.get("plotly_chart")
+    }  # nothing computed before the toggle
+    at.number_input(key="stab_k").set_value(4)
+    at.toggle(key="stab_go").set_value(True)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert FIGURES <= {c.key for c in at.get("plotly_chart")}
+    assert any("λ_1 =" in m.value for m in at.markdown)
