@@ -11,10 +11,11 @@ What is counted (bytes per device; P = parameters, n = tokens of one micro-batch
   ``bucketed`` divides only the optimizer state by the world (ZeRO-1; torch's
   ZeroRedundancyOptimizer hands out whole tensors, so one rank holds at least the largest tensor's
   moments), ``ddp`` divides nothing.
-- bf16 working weights: under autocast torch caches a bf16 copy of every weight it casts (2P) for
-  ddp/bucketed; FSDP2 with a bf16 MixedPrecisionPolicy instead gathers bf16 units: the root (embedding,
-  adapter, final norm: FSDP2 keeps the root gathered for the step), every core block (kept gathered across
-  the recurrence) and two prelude/coda blocks (the one computing and the prefetched one).
+- working weights: under bf16 autocast torch caches a bf16 copy of every weight it casts (2P for
+  ddp/bucketed). FSDP2 gathers float32 units (so the norms, e, s_0 and every s_i stay float32, as
+  under DDP: pretrain/precision.py): the root (embedding, adapter, final norm: FSDP2 keeps the root
+  gathered for the step), every core block (kept gathered across the recurrence) and two prelude/coda
+  blocks (the one computing and the prefetched one), plus autocast's bf16 copies of those.
 - activations, from the tensors autograd saves in this code (see ``block_activation_bytes``): the
   prelude and coda blocks, and for the k gradient-carrying core iterations either everything (no
   checkpointing) or e and each iteration's input state plus one iteration recomputed at a time.
@@ -22,7 +23,8 @@ What is counted (bytes per device; P = parameters, n = tokens of one micro-batch
   the two gradients of the same size are alive together at the start of the backward (4 × 4V·n).
 - communication buffers: DDP's reducer keeps a float32 copy of every gradient in its buckets (4P); the
   recipe's bucketed all-reduce one 64 MiB bucket (plus one for the ZeRO-1 weight gather); FSDP the
-  unsharded bf16 gradients of the gathered core and a float32 reduce-scatter buffer of its largest unit.
+  unsharded float32 gradients of the gathered core and a float32 reduce-scatter buffer of its largest
+  unit.
 - allocator margin on accelerators: 10 % of the rest for fragmentation plus 1 GiB for the context,
   the collective library's own buffers and the matmul workspace.
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pretrain.config import TrainConfig
+from pretrain.precision import Precision, resolve_precision
 from recurrent_model import RecurrentConfig, RecurrentLM
 
 GIB = 2**30
@@ -284,11 +287,118 @@ def shard_counts(
     raise PlanError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_ORDER)}")
 
 
-def _uses_bf16(config: TrainConfig, device: Device) -> bool:
-    precision = config.train.precision
-    if precision == "auto":
-        return device.accelerator
-    return precision == "bf16"
+def plan_precision(config: TrainConfig, device: Device) -> Precision:
+    """The run's precision as the trainer resolves it on this device (pretrain/precision.py)."""
+    return resolve_precision(config.train.precision, "cuda" if device.accelerator else "cpu")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What every row of one plan reads: the strategy on the ranks, and the precision."""
+
+    strategy: str
+    world: int
+    shard: int  # ranks sharing weights and gradients
+    opt_shard: int  # ranks sharing the Adam moments
+    counts: ParameterCounts
+    bf16: bool
+
+    @property
+    def fsdp_applied(self) -> bool:
+        """FSDP2 is applied with more than one rank (one rank trains the plain model)."""
+        return self.strategy in ("fsdp", "hsdp") and self.world > 1
+
+
+def _state_rows(layout: _Layout) -> list[Row]:
+    """float32 weights, gradients and Adam moments, divided as the strategy shards them."""
+    P, shard, opt_shard = layout.counts.total, layout.shard, layout.opt_shard
+    sharded_note = f"/ {shard} ranks" if shard > 1 else "replicated"
+    optimizer_bytes = -(-8 * P // opt_shard)
+    optimizer_note = f"/ {opt_shard} ranks" if opt_shard > 1 else "replicated"
+    if layout.strategy == "bucketed" and opt_shard > 1:
+        # ZeroRedundancyOptimizer gives each rank whole tensors: one rank holds the largest one.
+        optimizer_bytes = max(optimizer_bytes, 8 * layout.counts.largest_tensor)
+        optimizer_note = f"ZeRO-1 over {opt_shard} ranks, whole tensors: at least the largest"
+    return [
+        Row("weights (fp32)", -(-4 * P // shard), sharded_note),
+        Row("gradients (fp32)", -(-4 * P // shard), sharded_note),
+        Row("optimizer state (Adam m, v fp32)", optimizer_bytes, optimizer_note),
+    ]
+
+
+def _gathered_parameters(counts: ParameterCounts) -> int:
+    """What FSDP2 keeps gathered: the root (kept for the step), every core block (kept across the
+    recurrence) and two prelude/coda blocks (the one computing and the prefetched one)."""
+    return counts.root + counts.core + 2 * counts.largest_block
+
+
+def _working_weight_rows(layout: _Layout) -> list[Row]:
+    """FSDP's gathered float32 units, and autocast's bf16 copy of every weight it casts."""
+    rows = []
+    cast = layout.counts.total
+    if layout.fsdp_applied:
+        gathered = _gathered_parameters(layout.counts)
+        rows.append(
+            Row(
+                "gathered weights (fp32)",
+                4 * gathered,
+                "root + core blocks (kept across the recurrence) + 2 outer blocks",
+            )
+        )
+        cast = gathered
+    if layout.bf16:
+        rows.append(Row("bf16 weight copies (autocast cache)", 2 * cast, "one per cast weight"))
+    return rows
+
+
+def _activation_rows(config: TrainConfig, layout: _Layout) -> tuple[list[Row], Row]:
+    """Activations saved for the backward and the logits/loss (or one recomputed iteration), and
+    the aside row: the same with the other activation-checkpointing choice."""
+    model_cfg, t = config.model_config(), config.train
+    tokens, k = t.micro_batch_size * config.data.block_size, config.backprop_depth
+    acts = activation_bytes(model_cfg, tokens, k, layout.bf16)
+    ckpt = t.activation_checkpointing
+    rows = [
+        Row(
+            f"activations (k={k}, {'checkpointed' if ckpt else 'not checkpointed'})",
+            acts.saved(ckpt),
+            f"saved for the backward, {t.micro_batch_size} x {config.data.block_size} tokens",
+        )
+    ]
+    logits = logits_loss_bytes(model_cfg, tokens)
+    recomputed = acts.recomputed(ckpt)
+    if recomputed:
+        rows.append(
+            Row(
+                "logits and loss (fp32) / recompute",
+                max(logits, recomputed),
+                f"max of logits+loss {gib(logits)} (not chunked), "
+                f"one recomputed iteration {gib(recomputed)}",
+            )
+        )
+    else:
+        rows.append(Row("logits and loss (fp32)", logits, "not chunked"))
+    other = "not checkpointed" if ckpt else "checkpointed"
+    aside = Row(
+        f"(activations if {other})",
+        acts.saved(not ckpt) + max(logits, acts.recomputed(not ckpt)),
+        "with logits and loss, not added",
+    )
+    return rows, aside
+
+
+def _communication_rows(config: TrainConfig, layout: _Layout) -> list[Row]:
+    """DDP's reducer buckets, the recipe's bucket (and ZeRO-1's gather), or FSDP's buffers."""
+    P, counts = layout.counts.total, layout.counts
+    bucket = int(config.distributed.bucket_mb * 2**20)
+    if layout.world == 1:
+        return []
+    if layout.strategy == "ddp":
+        return [Row("communication buffers", 4 * P, "DDP reducer buckets: a copy of all grads")]
+    if layout.strategy == "bucketed":
+        return [Row("communication buffers", 2 * bucket, "grad all-reduce + weight gather")]
+    comm = 4 * counts.core + 4 * max(counts.largest_block, counts.root)
+    return [Row("communication buffers", comm, "unsharded core grads + fp32 reduce-scatter")]
 
 
 def plan_memory(
@@ -303,86 +413,27 @@ def plan_memory(
     strategy = strategy or config.distributed.strategy
     if nodes < 1 or gpus_per_node < 1:
         raise PlanError(f"nodes and GPUs per node must be >= 1, got {nodes} x {gpus_per_node}")
-    model_cfg = config.model_config()
-    counts = counts or count_parameters(model_cfg)
+    counts = counts or count_parameters(config.model_config())
     shard, opt_shard = shard_counts(strategy, nodes, gpus_per_node, config.distributed.shard_size)
-    bf16 = _uses_bf16(config, device)
-    P = counts.total
-    t = config.train
-    tokens = t.micro_batch_size * config.data.block_size
-    k = config.backprop_depth
-    sharded_note = f"/ {shard} ranks" if shard > 1 else "replicated"
-    optimizer_bytes = -(-8 * P // opt_shard)
-    optimizer_note = f"/ {opt_shard} ranks" if opt_shard > 1 else "replicated"
-    if strategy == "bucketed" and opt_shard > 1:
-        # ZeroRedundancyOptimizer gives each rank whole tensors: one rank holds the largest one.
-        optimizer_bytes = max(optimizer_bytes, 8 * counts.largest_tensor)
-        optimizer_note = f"ZeRO-1 over {opt_shard} ranks, whole tensors: at least the largest"
-    rows = [
-        Row("weights (fp32)", -(-4 * P // shard), sharded_note),
-        Row("gradients (fp32)", -(-4 * P // shard), sharded_note),
-        Row("optimizer state (Adam m, v fp32)", optimizer_bytes, optimizer_note),
-    ]
-    # FSDP2 is applied with more than one rank (one rank trains the plain model).
-    fsdp_applied = strategy in ("fsdp", "hsdp") and nodes * gpus_per_node > 1
-    if fsdp_applied:
-        pbytes = 2 if device.accelerator else 4  # the MixedPrecisionPolicy on GPUs
-        gathered = counts.root + counts.core + 2 * counts.largest_block
-        rows.append(
-            Row(
-                f"gathered weights ({'bf16' if pbytes == 2 else 'fp32'})",
-                pbytes * gathered,
-                "root + core blocks (kept across the recurrence) + 2 outer blocks",
-            )
-        )
-    elif bf16:
-        rows.append(Row("bf16 weight copies (autocast cache)", 2 * P, "one per cast weight"))
-    acts = activation_bytes(model_cfg, tokens, k, bf16)
-    ckpt = t.activation_checkpointing
-    rows.append(
-        Row(
-            f"activations (k={k}, {'checkpointed' if ckpt else 'not checkpointed'})",
-            acts.saved(ckpt),
-            f"saved for the backward, {t.micro_batch_size} x {config.data.block_size} tokens",
-        )
+    layout = _Layout(
+        strategy,
+        nodes * gpus_per_node,
+        shard,
+        opt_shard,
+        counts,
+        plan_precision(config, device).bf16,
     )
-    logits = logits_loss_bytes(model_cfg, tokens)
-    recomputed = acts.recomputed(ckpt)
-    if recomputed:
-        rows.append(
-            Row(
-                "logits and loss (fp32) / recompute",
-                max(logits, recomputed),
-                f"max of logits+loss {gib(logits)} (not chunked), "
-                f"one recomputed iteration {gib(recomputed)}",
-            )
-        )
-    else:
-        rows.append(Row("logits and loss (fp32)", logits, "not chunked"))
-    bucket = int(config.distributed.bucket_mb * 2**20)
-    if strategy == "ddp" and nodes * gpus_per_node > 1:
-        rows.append(Row("communication buffers", 4 * P, "DDP reducer buckets: a copy of all grads"))
-    elif strategy == "bucketed" and nodes * gpus_per_node > 1:
-        rows.append(Row("communication buffers", 2 * bucket, "grad all-reduce + weight gather"))
-    elif fsdp_applied:
-        gbytes = 2 if device.accelerator else 4
-        comm = gbytes * counts.core + 4 * max(counts.largest_block, counts.root)
-        rows.append(
-            Row("communication buffers", comm, "unsharded core grads + fp32 reduce-scatter")
-        )
-    if device.accelerator:
-        subtotal = sum(r.bytes for r in rows)
-        margin = int(ALLOCATOR_FRACTION * subtotal) + CONTEXT_BYTES
-        rows.append(Row("allocator margin", margin, "10% + 1 GiB context/workspace"))
-    other = "not checkpointed" if ckpt else "checkpointed"
-    aside = [
-        Row(
-            f"(activations if {other})",
-            acts.saved(not ckpt) + max(logits, acts.recomputed(not ckpt)),
-            "with logits and loss, not added",
-        )
+    activations, aside = _activation_rows(config, layout)
+    rows = [
+        *_state_rows(layout),
+        *_working_weight_rows(layout),
+        *activations,
+        *_communication_rows(config, layout),
     ]
-    return MemoryPlan(strategy, device, nodes, gpus_per_node, P, rows, aside)
+    if device.accelerator:
+        margin = int(ALLOCATOR_FRACTION * sum(r.bytes for r in rows)) + CONTEXT_BYTES
+        rows.append(Row("allocator margin", margin, "10% + 1 GiB context/workspace"))
+    return MemoryPlan(strategy, device, nodes, gpus_per_node, counts.total, rows, [aside])
 
 
 def plan_all(

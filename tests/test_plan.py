@@ -58,9 +58,11 @@ def test_published_parameter_counts_and_fp32_states(frontier):
     hsdp = plan_memory(frontier, DEVICES["mi250x"], 512, 8, "hsdp", counts)
     assert hsdp.row("optimizer").bytes == 8 * P // 8
     assert hsdp.row("weights").bytes == 4 * P // 8
-    # bf16 gathered: root (embedding 65536·5280 + adapter 2·5280² + ln_f) + 4 core + 2 outer blocks.
+    # fp32 gathered (the state stays float32): root (embedding 65536·5280 + adapter 2·5280² +
+    # ln_f) + 4 core + 2 outer blocks, and autocast's bf16 copies of the same.
     root = 65536 * 5280 + 2 * 5280 * 5280 + 5280
-    assert hsdp.row("gathered").bytes == 2 * (root + 6 * 395_398_080)
+    assert hsdp.row("gathered weights (fp32)").bytes == 4 * (root + 6 * 395_398_080)
+    assert hsdp.row("bf16 weight copies").bytes == 2 * (root + 6 * 395_398_080)
     # The float32 logits of one 4096-token sequence are 1 GiB; with log-softmax and gradients 4 GiB.
     assert logits_loss_bytes(frontier.model_config(), 4096) == 4 * GIB
 
@@ -150,7 +152,7 @@ def test_frontier_fits_and_ddp_is_refused_in_one_line(capsys):
 def test_frontier_strategy_has_headroom_and_devices_resolve(frontier):
     plans = plan_all(frontier, DEVICES["mi250x"], 512, 8)
     chosen = plans[frontier.distributed.strategy]
-    assert chosen.fits and chosen.headroom > 0.25
+    assert chosen.fits and chosen.headroom > 0.2  # float32 gathers keep the recipe's state
     assert not plans["ddp"].fits
     assert resolve_device("NVIDIA H200").memory_gib == 141
     assert resolve_device("h100", 40).memory_gib == 40
