@@ -6,11 +6,13 @@ from .curves import step_curves, steps_per_token_bars, token_correlation_curve
 from .interventions import ablation_control_figure, patching_heatmap, steering_sweep_figure
 from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
-from .seeds import seed_overlay, spread_curves
-from .training import checkpoint_series_figure, loss_by_depth_figure
+from .seeds import ATTRACTOR_NOTE, seed_overlay, spread_curves
+from .training import LOSS_NOTE, checkpoint_series_figure, loss_by_depth_figure
 from .wavefront import wavefront_heatmap
 
 __all__ = [
+    "ATTRACTOR_NOTE",
+    "LOSS_NOTE",
     "ablation_control_figure",
     "aligned_embeddings_figure",
     "checkpoint_series_figure",

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative, sample_colorscale
+
+from .._frames import printable
 
 STEP_COLORSCALE = "Viridis"
 
@@ -49,3 +53,79 @@ def step_path(
         text=hover,
         hoverinfo="text",
     )
+
+
+def sequential_colours(n: int, scale: str = STEP_COLORSCALE) -> list[str]:
+    """``n`` colours evenly along a sequential scale, first to last (early to late)."""
+    if n <= 0:
+        return []
+    return sample_colorscale(scale, [0.5] if n == 1 else [i / (n - 1) for i in range(n)])
+
+
+def short_number(value: float) -> str:
+    """A tick label with at most 3 significant digits: 0.000326 -> '3.26e-4', 2400 -> '2400'."""
+    if value == 0 or not np.isfinite(value):
+        return f"{value:g}"
+    magnitude = abs(value)
+    if 1e-3 <= magnitude < 1e5:
+        text = f"{value:.3g}"
+        return f"{float(text):.0f}" if "e" in text else text  # 2.4e+03 -> 2400
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def log_axis(values: np.ndarray | list[float], title: str) -> dict:
+    """A log axis with labels only where a reader needs them: the decades in range, plus 2 and 5
+    within each when the data span less than two decades (plotly's default labels every minor tick)."""
+    data = np.asarray(values, dtype=float)
+    data = data[np.isfinite(data) & (data > 0)]
+    axis: dict = dict(title=title, type="log")
+    if data.size == 0:
+        return axis
+    low, high = np.floor(np.log10(data.min())), np.ceil(np.log10(data.max()))
+    decades = 10.0 ** np.arange(low, high + 1)
+    multiples = (1, 2, 5) if np.log10(data.max() / data.min()) < 2 else (1,)
+    ticks = [
+        d * m for d in decades for m in multiples if data.min() / 1.5 <= d * m <= data.max() * 1.5
+    ]
+    if len(ticks) < 2:
+        ticks = [data.min(), data.max()]
+    axis.update(
+        tickvals=ticks, ticktext=[short_number(t) for t in ticks], minor=dict(showgrid=False)
+    )
+    return axis
+
+
+LEGEND_TOP_K = 8
+
+
+def token_lines(
+    fig: go.Figure, frame: pd.DataFrame, value: str, top_k: int = LEGEND_TOP_K
+) -> list[str]:
+    """One line per token of a (position, step) frame; only the ``top_k`` tokens with the largest
+    last value get a colour and a legend entry, the rest are thin grey lines named on hover (a
+    legend of every token of a long prompt does not fit). Returns the legend's token labels."""
+    last = frame.sort_values("step").groupby("position")[value].last()
+    ranked = last.sort_values(ascending=False, na_position="last").index[:top_k]
+    highlighted = list(ranked)
+    palette = qualitative.Plotly
+    legend = []
+    for (pos, tok), group in frame.groupby(["position", "token"], sort=True):
+        g = group.sort_values("step")
+        label = f"{pos}: '{printable(tok)}'"[:40]
+        shown = pos in highlighted
+        line = (
+            dict(color=palette[highlighted.index(pos) % len(palette)], width=2)
+            if shown
+            else dict(color="rgba(140,140,140,0.45)", width=1)
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=g["step"], y=g[value], mode="lines", name=label, line=line, showlegend=shown,
+                legendrank=100 + highlighted.index(pos) if shown else None,
+                hovertemplate=f"{label}<br>step %{{x}}<br>{value} %{{y:.3g}}<extra></extra>",
+            )
+        )  # fmt: skip
+        if shown:
+            legend.append(label)
+    return legend

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .._frames import position_labels
+from ._style import LEGEND_TOP_K, log_axis, token_lines
 
 
 def steps_per_token_bars(
@@ -37,20 +38,26 @@ def steps_per_token_bars(
 
 
 def step_curves(
-    frame: pd.DataFrame, value: str, positions: Sequence[int] | None = None, log: bool = True
+    frame: pd.DataFrame,
+    value: str,
+    positions: Sequence[int] | None = None,
+    log: bool = True,
+    top_k: int = LEGEND_TOP_K,
 ) -> go.Figure:
-    """``value`` of a (position, step) frame (e.g. step_dynamics' acceleration) per step and token."""
+    """``value`` of a (position, step) frame (e.g. step_dynamics' acceleration) per step and token;
+    the ``top_k`` tokens with the largest last value are coloured and in the legend, the others
+    grey and named on hover."""
     if value not in frame.columns:
         raise ValueError(f"no column {value!r}; the frame has {list(frame.columns)}")
     chosen = frame if positions is None else frame[frame["position"].isin(list(positions))]
     fig = go.Figure()
-    for (pos, tok), group in chosen.groupby(["position", "token"], sort=True):
-        g = group.sort_values("step")
-        fig.add_trace(go.Scatter(x=g["step"], y=g[value], mode="lines", name=f"{pos}: {tok!r}"))
+    token_lines(fig, chosen, value, top_k)
+    n = chosen["position"].nunique()
+    note = f" (legend: the {top_k} largest at the last step of {n}; hover for the rest)"
     fig.update_layout(
-        title=f"{value} per step",
+        title=f"{value} per step" + (note if n > top_k else ""),
         xaxis_title="step",
-        yaxis=dict(title=value, type="log" if log else "linear"),
+        yaxis=log_axis(chosen[value], value) if log else dict(title=value),
         height=420,
     )
     return fig

@@ -6,6 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .._frames import printable
+from ._style import short_number
 from .convergence import frame_matrix
 
 
@@ -22,6 +24,7 @@ def lens_heatmap(
         frame["step"] = frame["step"] + frame["sublayer"] / n_sub
     matrix, labels, steps = frame_matrix(frame, value)
     top1 = frame.pivot(index="position", columns="step", values="top1_token").sort_index()
+    top1 = top1.map(lambda t: printable(t) if isinstance(t, str) else "")
     colour = np.log10(matrix) if value == "final_rank" else matrix
     fig = go.Figure(
         go.Heatmap(
@@ -59,7 +62,7 @@ def lens_table(frame: pd.DataFrame, position: int) -> go.Figure:
     if "sublayer" in rows.columns:
         step = step + "." + rows["sublayer"].astype(str)
     topk = [
-        ", ".join(f"{t!r} {p:.2f}" for t, p in zip(ts, ps))
+        ", ".join(f"'{printable(t)}' {short_number(float(p))}" for t, p in zip(ts, ps))
         for ts, ps in zip(rows["topk_tokens"], rows["topk_probs"])
     ]
     header = ["step", "top-k (prob)", "final rank", "final prob", "KL to final", "entropy"]
@@ -67,17 +70,22 @@ def lens_table(frame: pd.DataFrame, position: int) -> go.Figure:
         step,
         topk,
         rows["final_rank"],
-        rows["final_prob"].round(3),
-        rows["kl_to_final"].round(3),
-        rows["entropy"].round(3),
+        *(
+            [short_number(float(v)) for v in rows[c]]
+            for c in ("final_prob", "kl_to_final", "entropy")
+        ),
     ]
     fig = go.Figure(
         go.Table(
-            header=dict(values=header),
-            cells=dict(values=cells, align="left"),
-            columnwidth=[1, 6, 1, 1, 1, 1],
+            header=dict(values=header, align="left"),
+            cells=dict(values=cells, align=["left", "left", "right", "right", "right", "right"]),
+            columnwidth=[0.7, 5, 1, 1, 1.1, 1],
         )
     )
     token = rows["token"].iloc[0]
-    fig.update_layout(title=f"lens for position {position}: {token!r}", height=600)
+    fig.update_layout(
+        title=f"lens for position {position}: '{printable(token)}' (3 significant digits)",
+        height=min(900, 120 + 26 * len(rows)),
+        margin=dict(l=10, r=10),
+    )
     return fig

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .._frames import position_labels
-from ._style import step_path
+from ._style import STEP_COLORSCALE, step_path
 
 DEFAULT_PAIRS = ((0, 1), (2, 3), (4, 5))
 
@@ -20,10 +20,12 @@ def pc_pair_panels(
     tokens: Sequence[str] | None = None,
     pairs: Sequence[tuple[int, int]] = DEFAULT_PAIRS,
     explained_variance: Sequence[float] | None = None,
+    run: str | None = None,
 ) -> go.Figure:
     """One row per token, one column per PC pair; each path centred on the token's mean, by step.
 
     coords: (steps + 1, T, k) from ``project``. explained_variance: ratios to label the axes.
+    run: which run the states are from (e.g. "seed 0"), named in the title.
     """
     coords = np.asarray(coords)
     if coords.ndim != 3:
@@ -52,8 +54,18 @@ def pc_pair_panels(
             )
             fig.update_xaxes(title_text=axis(a), row=r + 1, col=c + 1)
             fig.update_yaxes(title_text=axis(b), row=r + 1, col=c + 1)
-    fig.update_layout(showlegend=False, height=300 * len(positions), title="PC pairs per token")
+    fig.update_layout(
+        showlegend=False, height=300 * len(positions), title="PC pairs per token" + _of(run)
+    )
     return fig
+
+
+WATERFALL_MAX_TOKENS = 24
+WATERFALL_CAMERA = dict(eye=dict(x=1.5, y=-2.1, z=1.0), up=dict(x=0, y=0, z=1))
+
+
+def _of(run: str | None) -> str:
+    return f" ({run})" if run else ""
 
 
 def waterfall_3d(
@@ -61,35 +73,65 @@ def waterfall_3d(
     tokens: Sequence[str] | None = None,
     positions: Sequence[int] | None = None,
     components: tuple[int, int] = (0, 1),
+    run: str | None = None,
+    max_tokens: int = WATERFALL_MAX_TOKENS,
 ) -> go.Figure:
-    """Every token's path in (PC a, PC b) stacked along the token position: a 3-D waterfall."""
+    """Every token's path in (PC a, PC b) stacked along the token position: a 3-D waterfall.
+
+    One line per token, coloured by step (one shared colour bar), its end marked; at most
+    ``max_tokens`` evenly spaced positions when none are given, and a fixed camera looking along
+    the positions, so the paths read as a row of curves rather than a point cloud."""
     coords = np.asarray(coords)
     if coords.ndim != 3:
         raise ValueError(f"coords must be (steps + 1, T, k), got shape {coords.shape}")
-    labels = position_labels(tokens, coords.shape[1])
-    positions = range(coords.shape[1]) if positions is None else positions
+    n_steps, T = coords.shape[:2]
+    labels = position_labels(tokens, T)
+    if positions is None:
+        positions = np.unique(np.linspace(0, T - 1, min(T, max_tokens)).round().astype(int))
     a, b = components
+    steps = np.arange(n_steps)
     fig = go.Figure()
     for i, p in enumerate(positions):
-        depth = np.full(coords.shape[0], p)
         fig.add_trace(
-            step_path(depth, coords[:, p, a], labels[p], z=coords[:, p, b], showscale=i == 0)
+            go.Scatter3d(
+                x=np.full(n_steps, p), y=coords[:, p, a], z=coords[:, p, b], mode="lines",
+                name=labels[p],
+                line=dict(
+                    color=steps, colorscale=STEP_COLORSCALE, width=5, showscale=i == 0,
+                    colorbar=dict(title="step") if i == 0 else None,
+                ),
+                text=[f"{labels[p]}<br>step {s}" for s in steps], hoverinfo="text",
+            )
+        )  # fmt: skip
+    ends = np.asarray(list(positions))
+    fig.add_trace(
+        go.Scatter3d(
+            x=ends, y=coords[-1, ends, a], z=coords[-1, ends, b], mode="markers",
+            marker=dict(size=3, color="black"), name="last step",
+            text=[labels[p] for p in ends], hoverinfo="text",
         )
+    )  # fmt: skip
+    shown = "" if len(ends) == T else f", {len(ends)} of {T} tokens"
     fig.update_layout(
-        title="trajectories by token position",
+        title=f"trajectories by token position{_of(run)}{shown}",
         showlegend=False,
         scene=dict(
-            xaxis_title="token position", yaxis_title=f"PC{a + 1}", zaxis_title=f"PC{b + 1}"
+            xaxis_title="token position", yaxis_title=f"PC{a + 1}", zaxis_title=f"PC{b + 1}",
+            camera=WATERFALL_CAMERA, aspectmode="manual", aspectratio=dict(x=1.8, y=1, z=0.7),
         ),
         height=650,
-    )
+        margin=dict(l=0, r=0, t=60, b=0),
+    )  # fmt: skip
     return fig
 
 
-def rotation_panel(token_states: np.ndarray, plane: np.ndarray, label: str = "") -> go.Figure:
+def rotation_panel(
+    token_states: np.ndarray, plane: np.ndarray, label: str = "", run: str | None = None
+) -> go.Figure:
     """One token's path in a plane (2, h) of state space, centred, and its unwrapped angle per step.
 
     token_states: (steps + 1, h). plane: two vectors spanning the plane (orthonormalised here).
+    The step colour bar stands beside the path panel it belongs to. run: e.g. "seed 0".
     """
     x = np.asarray(token_states, dtype=np.float64)
     basis = np.asarray(plane, dtype=np.float64)
@@ -101,12 +143,24 @@ def rotation_panel(token_states: np.ndarray, plane: np.ndarray, label: str = "")
     xy = (x - x.mean(axis=0)) @ q
     angle = np.unwrap(np.arctan2(xy[:, 1], xy[:, 0]))
     steps = np.arange(len(x))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("path in the plane", "angle (unwrapped)"))
-    fig.add_trace(step_path(xy[:, 0], xy[:, 1], label or "token", showscale=True), row=1, col=1)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("path in the plane", "angle (unwrapped)"),
+        horizontal_spacing=0.2,
+    )
+    path_right = fig.layout.xaxis.domain[1]
+    fig.add_trace(
+        step_path(
+            xy[:, 0], xy[:, 1], label or "token", showscale=True, colorbar_x=path_right + 0.01
+        ),
+        row=1,
+        col=1,
+    )
     fig.add_trace(go.Scatter(x=steps, y=angle, mode="lines+markers", name="angle"), row=1, col=2)
     fig.update_xaxes(title_text="u1", row=1, col=1)
     fig.update_yaxes(title_text="u2", scaleanchor="x", row=1, col=1)
     fig.update_xaxes(title_text="step", row=1, col=2)
     fig.update_yaxes(title_text="radians", row=1, col=2)
-    fig.update_layout(showlegend=False, title=f"rotation {label}".strip(), height=420)
+    fig.update_layout(showlegend=False, title=f"rotation {label}{_of(run)}".strip(), height=420)
     return fig

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from .._frames import position_labels
+from ._style import LEGEND_TOP_K, log_axis, token_lines
 
 
 def seed_overlay(
@@ -63,27 +64,26 @@ def seed_overlay(
     return fig
 
 
+ATTRACTOR_NOTE = (
+    "final_spread is the last step of these curves. attractor_distance compares the seeds' last "
+    "window of states as point sets, so it also counts steps before the seeds met and can exceed it."
+)
+
+
 def spread_curves(
-    frame: pd.DataFrame, positions: Sequence[int] | None = None, value: str = "spread"
+    frame: pd.DataFrame,
+    positions: Sequence[int] | None = None,
+    value: str = "spread",
+    top_k: int = LEGEND_TOP_K,
 ) -> go.Figure:
-    """``value`` (from ``path_independence``) against step, one curve per token, plus the mean."""
+    """``value`` (from ``path_independence``) against step: the mean over tokens (thick black, first
+    in the legend), one line per token (the ``top_k`` largest at the last step coloured and in the
+    legend, the rest grey and named on hover), and ``ATTRACTOR_NOTE`` under the plot."""
     if value not in frame.columns:
         raise ValueError(f"no column {value!r}; the frame has {list(frame.columns)}")
     fig = go.Figure()
     chosen = frame if positions is None else frame[frame["position"].isin(list(positions))]
-    for (pos, tok), group in chosen.groupby(["position", "token"], sort=True):
-        g = group.sort_values("step")
-        fig.add_trace(
-            go.Scatter(
-                x=g["step"],
-                y=g[value],
-                mode="lines",
-                name=f"{pos}: {tok!r}",
-                line=dict(width=1),
-                opacity=0.6,
-            )
-        )
-    mean = frame.groupby("step")[value].mean()
+    mean = chosen.groupby("step")[value].mean()
     fig.add_trace(
         go.Scatter(
             x=mean.index,
@@ -91,12 +91,20 @@ def spread_curves(
             mode="lines",
             name="mean over tokens",
             line=dict(color="black", width=3),
+            legendrank=1,
         )
     )
+    token_lines(fig, chosen, value, top_k)
+    fig.add_annotation(
+        text=ATTRACTOR_NOTE.replace(". ", ".<br>", 1), xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
+        xanchor="left", font=dict(size=11, color="#555"),
+    )  # fmt: skip
     fig.update_layout(
         title=f"{value} between seeds per step",
         xaxis_title="step",
-        yaxis=dict(title=value, type="log"),
-        height=450,
+        yaxis=log_axis(chosen[value], value),
+        height=480,
+        margin=dict(b=110),
+        showlegend=True,
     )
     return fig

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..dynamics import KINDS
+from ._style import log_axis, sequential_colours
 
 KIND_COLORS = {
     "fixed_point": "#2a9d8f",
@@ -15,92 +16,127 @@ KIND_COLORS = {
     "other": "#8d99ae",
 }
 REQUIRED = {"step", "depth", "loss", "spread", "token_correlation"} | {f"share_{k}" for k in KINDS}
+LOSS_NOTE = (
+    "left axis: loss on the analysed texts at each depth r; right axis (dotted): the run's logged "
+    "training loss, a batch mean over other text and sampled depths, so the two levels differ"
+)
+
+
+def _require(frame: pd.DataFrame, columns: set[str]) -> None:
+    missing = columns - set(frame.columns)
+    if missing:
+        raise ValueError(f"not a checkpoint_series frame: missing column(s) {sorted(missing)}")
+
+
+def _step_ticks(steps: list[int]) -> dict:
+    """An x-axis whose ticks are exactly the checkpoints' training steps."""
+    return dict(title_text="training step", tickvals=steps, ticktext=[str(s) for s in steps])
+
+
+def _loss_panel(fig: go.Figure, frame: pd.DataFrame) -> None:
+    """Panel (1, 1): the texts' loss per depth (sequential colours) and the logged training loss on
+    its own right-hand axis."""
+    depths = sorted(frame["depth"].unique())
+    for colour, depth in zip(sequential_colours(len(depths)), depths):
+        part = frame[frame["depth"] == depth].sort_values("step")
+        fig.add_trace(
+            go.Scatter(
+                x=part["step"], y=part["loss"], mode="lines+markers", name=f"r = {depth}",
+                line=dict(color=colour), legendgroup="depth", legendgrouptitle_text="texts' loss",
+            ),
+            1, 1, secondary_y=False,
+        )  # fmt: skip
+    if "train_loss" in frame and frame["train_loss"].notna().any():
+        logged = frame.drop_duplicates("step").sort_values("step")
+        fig.add_trace(
+            go.Scatter(
+                x=logged["step"], y=logged["train_loss"], mode="lines+markers",
+                name="training loss (logged)", line=dict(dash="dot", color="grey"),
+                marker=dict(symbol="x", color="grey"), legendgroup="train",
+            ),
+            1, 1, secondary_y=True,
+        )  # fmt: skip
+        fig.update_yaxes(title_text="training loss (logged)", row=1, col=1, secondary_y=True,
+                         showgrid=False)  # fmt: skip
 
 
 def checkpoint_series_figure(frame: pd.DataFrame) -> go.Figure:
-    """Loss per depth vs training step; dynamics shares; path-independence spread; token correlation."""
-    missing = REQUIRED - set(frame.columns)
-    if missing:
-        raise ValueError(f"not a checkpoint_series frame: missing column(s) {sorted(missing)}")
+    """Loss per depth vs training step; dynamics shares; path-independence spread; token correlation.
+
+    Every x tick is a checkpoint; the logged training loss has its own axis (see ``LOSS_NOTE``)."""
+    _require(frame, REQUIRED)
     fig = make_subplots(
         rows=2,
         cols=2,
+        specs=[[{"secondary_y": True}, {}], [{}, {}]],
         subplot_titles=(
             "loss at each depth r",
             "dynamics of all tokens",
             "spread of final states between seeds",
             "token correlation of final states",
         ),
+        vertical_spacing=0.16,
     )
-    for depth, part in frame.groupby("depth"):
-        fig.add_trace(
-            go.Scatter(x=part["step"], y=part["loss"], mode="lines+markers", name=f"r = {depth}"),
-            1,
-            1,
-        )
-    if "train_loss" in frame and frame["train_loss"].notna().any():
-        logged = frame.drop_duplicates("step")
-        fig.add_trace(
-            go.Scatter(
-                x=logged["step"], y=logged["train_loss"], mode="lines", name="train loss (logged)",
-                line=dict(dash="dot", color="grey"),
-            ),
-            1,
-            1,
-        )  # fmt: skip
+    _loss_panel(fig, frame)
     per_step = frame.drop_duplicates("step").sort_values("step")
     for kind in KINDS:
         fig.add_trace(
             go.Bar(
                 x=per_step["step"], y=per_step[f"share_{kind}"], name=kind,
-                marker_color=KIND_COLORS[kind],
+                marker_color=KIND_COLORS[kind], legendgroup="kinds",
+                legendgrouptitle_text="dynamics",
             ),
-            1,
-            2,
+            1, 2,
         )  # fmt: skip
     fig.add_trace(
-        go.Scatter(x=per_step["step"], y=per_step["spread"], mode="lines+markers", name="spread"),
-        2,
-        1,
-    )
+        go.Scatter(x=per_step["step"], y=per_step["spread"], mode="lines+markers", name="spread",
+                   showlegend=False),
+        2, 1,
+    )  # fmt: skip
     fig.add_trace(
         go.Scatter(
             x=per_step["step"], y=per_step["token_correlation"], mode="lines+markers",
-            name="token correlation",
+            name="token correlation", showlegend=False,
         ),
-        2,
-        2,
+        2, 2,
     )  # fmt: skip
-    fig.update_layout(barmode="stack", height=640, title="dynamics across training")
+    steps = [int(s) for s in per_step["step"]]
+    fig.update_layout(barmode="stack", height=720, title="dynamics across training",
+                      margin=dict(b=110))  # fmt: skip
+    fig.add_annotation(text=LOSS_NOTE, xref="paper", yref="paper", x=0, y=-0.16, showarrow=False,
+                       xanchor="left", font=dict(size=11, color="#555"))  # fmt: skip
     for row, col in ((1, 1), (1, 2), (2, 1), (2, 2)):
-        fig.update_xaxes(title_text="training step", row=row, col=col)
-    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
+        fig.update_xaxes(_step_ticks(steps), row=row, col=col)
+    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="share of tokens", range=[0, 1], row=1, col=2)
-    fig.update_yaxes(title_text="relative spread", type="log", row=2, col=1)
+    fig.update_yaxes(log_axis(per_step["spread"], "relative spread"), row=2, col=1)
     fig.update_yaxes(title_text="mean correlation", row=2, col=2)
     return fig
 
 
 def loss_by_depth_figure(frame: pd.DataFrame) -> go.Figure:
-    """Loss vs recurrence depth, one line per checkpoint (later steps darker)."""
-    missing = {"step", "depth", "loss"} - set(frame.columns)
-    if missing:
-        raise ValueError(f"not a checkpoint_series frame: missing column(s) {sorted(missing)}")
+    """Loss vs recurrence depth, one line per checkpoint on a sequential colour scale (early light,
+    late dark), ticks at the measured depths."""
+    _require(frame, {"step", "depth", "loss"})
     steps = sorted(frame["step"].unique())
+    depths = sorted(int(d) for d in frame["depth"].unique())
     fig = go.Figure()
-    for i, step in enumerate(steps):
+    for colour, step in zip(sequential_colours(len(steps), "Viridis_r"), steps):
         part = frame[frame["step"] == step].sort_values("depth")
-        shade = 0.25 + 0.75 * (i + 1) / len(steps)
         fig.add_trace(
             go.Scatter(
                 x=part["depth"], y=part["loss"], mode="lines+markers", name=f"step {step}",
-                line=dict(color=f"rgba(38, 70, 83, {shade:.2f})"),
+                line=dict(color=colour, width=2), marker=dict(color=colour, size=7),
             )
         )  # fmt: skip
     fig.update_layout(
         title="loss vs recurrence depth at each checkpoint",
-        xaxis=dict(title="recurrence steps r", type="log"),
-        yaxis_title="loss (nats/token)",
+        xaxis=dict(
+            title="recurrence steps r", type="log", tickvals=depths,
+            ticktext=[str(d) for d in depths], minor=dict(showgrid=False),
+        ),
+        yaxis_title="loss on the analysed texts (nats/token)",
+        legend_title_text="checkpoint",
         height=420,
-    )
+    )  # fmt: skip
     return fig

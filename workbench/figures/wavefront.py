@@ -6,7 +6,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .._frames import printable
+
 REQUIRED = ("step", "position", "recurrence", "token", "frozen")
+FRONTIER_COLOUR = "#ff2fb9"  # magenta: visible on every Viridis colour and on the white legend
+WAVE_COLOUR = "#e31a1c"
 
 
 def wavefront_heatmap(
@@ -31,7 +35,7 @@ def wavefront_heatmap(
         if np.isnan(tok):
             return ""
         text = token_text.get(int(tok), str(int(tok))) if token_text else str(int(tok))
-        return f"{text!r} ({'frozen' if is_frozen is True else 'guess'})"
+        return f"'{printable(text)}' ({'frozen' if is_frozen is True else 'guess'})"
 
     hover = np.vectorize(describe, otypes=[object])(tokens.to_numpy(dtype=float),
                                                     frozen.to_numpy(dtype=object))  # fmt: skip
@@ -50,17 +54,18 @@ def wavefront_heatmap(
     if not frontier.empty:
         fig.add_trace(go.Scatter(
             x=frontier["frozen_length"] - 0.5, y=frontier["step"], mode="lines",
-            line=dict(color="white", width=2, shape="hv"), name="frozen frontier",
+            line=dict(color=FRONTIER_COLOUR, width=3, shape="hv"), name="frozen frontier",
         ))  # fmt: skip
         fig.add_trace(go.Scatter(
             x=frontier["wave_end"] - 0.5, y=frontier["step"], mode="lines",
-            line=dict(color="red", width=1, dash="dot", shape="hv"), name="wave front",
+            line=dict(color=WAVE_COLOUR, width=2, dash="dot", shape="hv"), name="wave front",
         ))  # fmt: skip
     fig.update_layout(
         title=title or "Diffusion sampler wavefront: core iterations per position and step",
         xaxis_title="position",
         yaxis=dict(title="sampler step", autorange="reversed"),
-        height=max(320, 8 * len(table) + 160),
-        legend=dict(orientation="h", y=-0.15),
+        height=min(1100, max(420, 14 * len(table) + 180)),
+        legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom"),
+        margin=dict(t=110),
     )
     return fig
