@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_REQUIREMENT ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint format app bench clean-venv browser
+.PHONY: setup test lint format app bench clean-venv browser notebooks
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ browser:
 
 app: setup
 	$(VENV)/bin/streamlit run apps/trajectories.py --server.address localhost
+
+# JupyterLab on notebooks/ (each notebook finds the repository root itself, wherever it starts).
+notebooks: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
 bench: setup
 	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
