@@ -49,10 +49,17 @@ def tangent_images(
         f, point = map_, state
     else:
         f, point = map_.block(position, state), state[position]
-    images = vmap(lambda v: jvp(f, (point,), (v,))[1])(tangents)
+    images = batched_jvp(f, point, tangents)
     with torch.no_grad():
         following = map_(state)
     return following, images
+
+
+def batched_jvp(
+    f: StateMap | Callable, point: torch.Tensor, tangents: torch.Tensor
+) -> torch.Tensor:
+    """J·v for every tangent v in ``tangents`` (k, ...) at ``point``, as one vmapped JVP."""
+    return vmap(lambda v: jvp(f, (point,), (v,))[1])(tangents)
 
 
 def orthonormal(tangents: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
@@ -183,7 +190,7 @@ def token_exponents(
     for _ in range(num_steps):
         tangents = torch.zeros(T, *start.shape, dtype=start.dtype)
         tangents[rows, rows] = vectors
-        images = vmap(lambda v: jvp(map_, (state,), (v,))[1])(tangents)[rows, rows]
+        images = batched_jvp(map_, state, tangents)[rows, rows]
         norms = images.double().norm(dim=-1)
         logs.append(norms.log().numpy())
         vectors = (images / norms[:, None].to(images.dtype)).detach()
