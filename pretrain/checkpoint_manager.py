@@ -115,8 +115,11 @@ class CheckpointManager:
             if getattr(model, "tokenizer", None) is not None:
                 model.tokenizer.save(staging / "tokenizer.json")  # type: ignore[union-attr]
         self.ctx.barrier()
-        self.rank_state_bytes = write_rank_state(staging, self.ctx.rank, snapshot.rank_state)
         pending = _Pending(staging, snapshot, self.exports(snapshot.step, snapshot.final))
+        try:
+            self.rank_state_bytes = write_rank_state(staging, self.ctx.rank, snapshot.rank_state)
+        except OSError as exc:  # the shards are still written with the others, then all stop
+            pending.error = exc
         all_keys = sorted(
             {k for keys in self.ctx.all_gather_object(sorted(snapshot.optimizer)) for k in keys}
         )
@@ -131,7 +134,7 @@ class CheckpointManager:
                 self.stager,
             )
         except WRITE_ERRORS as exc:  # every rank reports, then all stop together
-            pending.error = exc
+            pending.error = pending.error or exc
         self._pending = pending
         return None if self.asynchronous else self.wait()
 
@@ -167,32 +170,43 @@ class CheckpointManager:
 
     # Publishing -----------------------------------------------------------------------------------
     def _finish(self) -> Path | None:
-        """Every rank's result, agreed over the ranks; export, publish and prune on success."""
+        """Every rank's result, agreed over the ranks; export, publish and prune on success. A
+        failure of any step on any rank stops every rank with the checkpoint unpublished."""
         pending, self._pending = self._pending, None
         assert pending is not None
-        error = pending.error or _future_error(pending.future)
+        self._agree(pending, pending.error or _future_error(pending.future))
+        snapshot = pending.snapshot
+        plan = consolidation_plan(snapshot.model, self.ctx.world_size)
+        if pending.export:
+            self._agree(
+                pending,
+                _attempt(export_model, pending.staging, plan, self.export_dtype, self.group),
+            )
+        path: list[Path] = []
+        error = _attempt(self._publish, pending, plan, path) if self.ctx.is_main else None
+        self._agree(pending, error)
+        return path[0] if path else None
+
+    def _publish(self, pending: _Pending, plan: dict[str, int], path: list[Path]) -> None:
+        """Rank 0: the export's last file operations, trainer_state.json, the rename into place,
+        ``latest``; then pruning in the background."""
+        if pending.export:
+            finish_export(pending.staging, plan)
+        write_state_json(pending.staging, {**pending.snapshot.state, "exported": pending.export})
+        path.append(self.directory.publish(pending.staging, pending.snapshot.step))
+        self._prune_in_background()
+
+    def _agree(self, pending: _Pending, error: BaseException | None) -> None:
+        """Collective: continue when no rank has an error, else stop every rank."""
         reports = [r for r in self.ctx.all_gather_object(_describe(error)) if r]
         if reports:
             self._abandon(pending, error, reports)
-        snapshot = pending.snapshot
-        if pending.export:
-            plan = consolidation_plan(snapshot.model, self.ctx.world_size)
-            export_model(pending.staging, plan, self.export_dtype, self.group)
-        self.ctx.barrier()
-        path = None
-        if self.ctx.is_main:
-            if pending.export:
-                finish_export(pending.staging, plan)
-            write_state_json(pending.staging, {**snapshot.state, "exported": pending.export})
-            path = self.directory.publish(pending.staging, snapshot.step)
-            self._prune_in_background()
-        self.ctx.barrier()
-        return path
 
     def _abandon(self, pending: _Pending, error: BaseException | None, reports: list[str]) -> None:
         """A failed write: remove its staging directory, stop every rank with one message."""
-        if self.ctx.is_main:
+        if self.ctx.is_main and pending.staging.exists():
             shutil.rmtree(pending.staging, ignore_errors=True)
+        if self.ctx.is_main:
             self.directory.done_writing(pending.staging)
         self.ctx.barrier()
         latest = self.directory.latest()
@@ -222,6 +236,15 @@ def _report_prune_error(future: Future) -> None:
     error = future.exception()
     if error is not None:
         print(f"pruning old checkpoints failed: {error!r} (they stay on disk)", flush=True)
+
+
+def _attempt(function: Any, *args: Any) -> BaseException | None:
+    """Run ``function``; its exception (or None), to be agreed over the ranks."""
+    try:
+        function(*args)
+    except WRITE_ERRORS as exc:
+        return exc
+    return None
 
 
 def _describe(error: BaseException | None) -> str | None:

@@ -274,3 +274,26 @@ def test_profile_steps_writes_a_trace(tiny, tmp_path):
     trace = json.loads((run / "profile" / "trace-rank-00000.json").read_text())
     names = {event.get("name", "") for event in trace["traceEvents"]}
     assert any("aten::" in name for name in names)
+
+
+def test_a_failed_publish_leaves_latest_and_stops_with_a_named_error(tiny, tmp_path, monkeypatch):
+    """Synchronous saves take the same path: trainer_state.json of step 4 cannot be written, so
+    step 4 is not published, ``latest`` stays on step 2 and the run exits 1 with one line."""
+    _, config, _ = tiny
+    import pretrain.checkpoint_manager as cm
+
+    real = cm.write_state_json
+
+    def failing(directory, state):
+        if state["step"] == 4:
+            raise OSError("disk full (test)")
+        real(directory, state)
+
+    monkeypatch.setattr(cm, "write_state_json", failing)
+    run = tmp_path / "full"
+    args = ["--set", "train.max_steps=6", "--set", "train.export_every=1"]
+    assert launch_main(["--config", str(config), "--out", str(run), *args]) == 1
+    ckpts = run / "checkpoints"
+    assert (ckpts / ck.LATEST).read_text().strip() == "step-0000002"
+    assert ck.CheckpointDirectory(ckpts).steps() == [2]
+    assert not any(p.name.startswith(".step-0000004") for p in ckpts.iterdir())
