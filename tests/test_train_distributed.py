@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file
 from test_train_pipeline import REPO, write_config, write_corpus
 
+from pretrain.checkpointing import read_rank_state
+
 # Loaded by every rank through PYTHONPATH (sitecustomize): records what the rank did.
 RECORDER = r"""
 import os
@@ -72,6 +74,7 @@ def tiny(tmp_path_factory):
 def launch_two_ranks(
     root: Path, config: Path, out: Path, *overrides: str, extra: tuple[str, ...] = ()
 ) -> list[dict]:
+    """Run launch.py --nproc 2 into ``out``; each rank's report (see RECORDER)."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(
         os.environ,
@@ -98,12 +101,11 @@ def launch_two_ranks(
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "bucketed"])
-def test_two_ranks_lock_step_identical_parameters_disjoint_data(tiny, strategy):
-    root, config = tiny
+def launch_strategy(root: Path, config: Path, strategy: str) -> tuple[Path, list[dict]]:
+    """Two ranks of ``strategy`` for the 4 steps; bucket_mb small: gradients span a few buckets
+    and the embedding is split across two."""
     out = root / strategy
-    # bucket_mb small: gradients span a few buckets and the embedding is split across two.
-    r0, r1 = launch_two_ranks(
+    reports = launch_two_ranks(
         root,
         config,
         out,
@@ -111,41 +113,63 @@ def test_two_ranks_lock_step_identical_parameters_disjoint_data(tiny, strategy):
         "distributed.bucket_mb=0.02",
         "distributed.preflight_mb=0.05",
     )
+    return out, reports
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny) -> tuple[Path, list[dict]]:
+    """The DDP run every other strategy is compared with, made once per module by whichever test
+    needs it first (so each test also runs alone)."""
+    root, config = tiny
+    return launch_strategy(root, config, "ddp")
+
+
+def assert_lock_step_identical_disjoint(out: Path, reports: list[dict]) -> None:
+    r0, r1 = reports
     assert r0["world"] == r1["world"] == 2
     assert r0["depths"] == r1["depths"] and len(r0["depths"]) == 4
     assert len({tuple(d[1:]) for d in r0["depths"]}) > 1  # the depth does vary by step
     assert r0["params"] == r1["params"]
     assert len(r0["rows"]) == len(r1["rows"]) == 8
     assert set(r0["rows"]).isdisjoint(r1["rows"])
-    state = json.loads((out / "checkpoints" / "step-0000004" / "trainer_state.json").read_text())
+    checkpoint = out / "checkpoints" / "step-0000004"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert state["world_size"] == 2
-    ranks = sorted((out / "checkpoints" / "step-0000004" / "ranks").glob("rank-*.json"))
-    assert [json.loads(p.read_text())["loader"]["rank"] for p in ranks] == [0, 1]
-    if strategy != "ddp":  # the same run as DDP (parametrized before it), up to reduction order
-        assert_same_as_ddp(root, out)
+    loaders = [read_rank_state(checkpoint, r, state)["loader"] for r in range(2)]
+    assert loaders[0] == loaders[1]  # the data position is global: any rank's resumes any count
 
 
-def assert_same_as_ddp(root: Path, out: Path) -> None:
-    ddp = load_file(root / "ddp" / "checkpoints" / "step-0000004" / "model.safetensors")
+@pytest.mark.slow
+def test_ddp_two_ranks_lock_step_identical_parameters_disjoint_data(ddp_run):
+    assert_lock_step_identical_disjoint(*ddp_run)
+
+
+@pytest.mark.slow
+def test_bucketed_two_ranks_train_like_ddp(tiny, ddp_run):
+    root, config = tiny
+    out, reports = launch_strategy(root, config, "bucketed")
+    assert_lock_step_identical_disjoint(out, reports)
+    assert_same_as_ddp(ddp_run[0], out)
+
+
+def assert_same_as_ddp(ddp_out: Path, out: Path) -> None:
+    ddp = load_file(ddp_out / "checkpoints" / "step-0000004" / "model.safetensors")
     mine = load_file(out / "checkpoints" / "step-0000004" / "model.safetensors")
     assert ddp.keys() == mine.keys()
     for key in ddp:  # atan2 without ε turns rounding in near-zero moments into ~1e-6 differences
         torch.testing.assert_close(mine[key], ddp[key], rtol=1e-4, atol=1e-5)
-    assert losses(out) == pytest.approx(losses(root / "ddp"), rel=1e-6)
+    assert losses(out) == pytest.approx(losses(ddp_out), rel=1e-6)
 
 
 def losses(run: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_fsdp_trains_like_ddp_and_resumes(tiny):
+@pytest.mark.slow
+def test_fsdp_trains_like_ddp_and_resumes(tiny, ddp_run):
     """FSDP2 (fully_shard per block): 2 steps, a new job with --resume for 2 more (sharded moments
     gathered into the checkpoint and re-sharded), and the result matches the 4-step DDP run."""
     root, config = tiny
-    if not (root / "ddp" / "checkpoints").is_dir():
-        pytest.skip(
-            "needs the DDP run of test_two_ranks_lock_step_identical_parameters_disjoint_data"
-        )
     out = root / "fsdp"
     launch_two_ranks(
         root,
@@ -166,7 +190,7 @@ def test_fsdp_trains_like_ddp_and_resumes(tiny):
     )
     assert r0["params"] == r1["params"] and r0["depths"] == r1["depths"]
     assert [d[0] for d in r0["depths"]] == [2, 3]  # continued at step index 2
-    assert_same_as_ddp(root, out)
+    assert_same_as_ddp(ddp_run[0], out)
 
 
 def test_bucketed_all_reduce_packs_splits_and_averages(tmp_path):
