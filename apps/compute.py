@@ -7,10 +7,13 @@ hashable key that identifies them, so a rerun that only changes a view recompute
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,29 +44,73 @@ def checkpoint_signature(path: Path) -> str:
     return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
 
 
-@st.cache_resource(max_entries=2, show_spinner="Loading the model …")
-def load(path: str, device: str, dtype: str, signature: str) -> recurrent_model.RecurrentLM:
-    """The model at ``path`` (the labelled random stand-in when the default has no checkpoint)."""
-    del signature  # part of the cache key only
-    if Path(path) == DEFAULT_CHECKPOINT and not (DEFAULT_CHECKPOINT / "config.json").is_file():
-        return default_model(None, device=device, dtype=dtype)
-    return recurrent_model.load_model(path, device=device, dtype=dtype)
+class ModelSlot:
+    """The one model the app keeps in memory. Loading another (checkpoint, device or dtype) drops
+    this one and collects it before the next is read, so the peak holds one model, not two."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.model: recurrent_model.RecurrentLM | None = None
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple, build: Callable[[], recurrent_model.RecurrentLM]):
+        with self.lock:
+            if self.key != key:
+                self.key, self.model = None, None
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                self.model = build()
+                self.key = key
+            return self.model
 
 
-class CollectProgress:
-    """The progress bar of one collection, per run and iteration, next to its estimate.
+@st.cache_resource(show_spinner=False)
+def model_slot() -> ModelSlot:
+    return ModelSlot()
 
-    `trajectory` creates the bar inside the cached function (Streamlit replays elements made
-    there); `elapsed` is set only when the collection really ran (not on a cache hit).
+
+def load(path: str, device: str, dtype: str | None, signature: str) -> recurrent_model.RecurrentLM:
+    """The model at ``path`` in ``dtype`` (None: the checkpoint's own), from the one-model slot;
+    the labelled random stand-in when the default checkpoint is missing."""
+
+    def build() -> recurrent_model.RecurrentLM:
+        with st.spinner(f"Loading the model ({dtype or 'its own dtype'}) …", show_time=True):
+            default = Path(path) == DEFAULT_CHECKPOINT
+            if default and not (DEFAULT_CHECKPOINT / "config.json").is_file():
+                return default_model(None, device=device, dtype=dtype)
+            return recurrent_model.load_model(path, device=device, dtype=dtype)
+
+    return model_slot().get((path, device, dtype, signature), build)
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's parameters and buffers occupy (each tensor once, tied weights too)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+class TaskProgress:
+    """The progress bar of one heavy action, with its estimate beside it.
+
+    Each update is a Streamlit call, so Stop (or a changed widget) ends the action at the next
+    update: workbench functions call it between batches. Created inside a cached function, the
+    bar is replayed and emptied on a cache hit; ``elapsed`` is set only when the action ran.
     """
 
-    def __init__(self, what: str, guess: cost.CostEstimate, min_interval: float = 0.25) -> None:
-        self.what, self.guess, self.min_interval = what, guess, min_interval
+    def __init__(
+        self, what: str, unit: str, guess: cost.CostEstimate, min_interval: float = 0.25
+    ) -> None:
+        self.what, self.unit, self.guess, self.min_interval = what, unit, guess, min_interval
         self.elapsed: float | None = None
         self.updates = 0
 
     def start(self) -> None:
-        self._bar = st.progress(0.0, text=f"Collecting {self.what}: {self.guess.describe()}")
+        self._bar = st.progress(0.0, text=f"{self.what}: {self.guess.describe()}")
         self._t0 = self._last = time.perf_counter()
 
     def __call__(self, done: int, total: int) -> None:
@@ -71,17 +118,26 @@ class CollectProgress:
         if done < total and now - self._last < self.min_interval:
             return  # a few updates a second are enough
         self._last, self.updates = now, self.updates + 1
-        self._bar.progress(done / total, text=self.text(done, total, now - self._t0))
+        self._bar.progress(
+            min(done / max(total, 1), 1.0), text=self.text(done, total, now - self._t0)
+        )
 
     def text(self, done: int, total: int, seconds: float) -> str:
         return (
-            f"Collecting {self.what}: {done}/{total} run-iterations · {seconds:.0f} s of an "
+            f"{self.what}: {done}/{total} {self.unit} · {seconds:.0f} s of an "
             f"estimated {self.guess.seconds:.0f} s"
         )
 
     def finish(self) -> None:
         self.elapsed = time.perf_counter() - self._t0
         self._bar.empty()
+
+
+class CollectProgress(TaskProgress):
+    """The progress bar of one collection, per run and iteration (see TaskProgress)."""
+
+    def __init__(self, what: str, guess: cost.CostEstimate, min_interval: float = 0.25) -> None:
+        super().__init__(f"Collecting {what}", "run-iterations", guess, min_interval)
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
@@ -125,6 +181,21 @@ def estimate(model, tokens: int, num_steps: int, runs: int, overhead: float) -> 
     """The estimated cost of a collection on this device (see apps/cost.py)."""
     speed = probe_speed(model, tokens, runs)
     return cost.estimate_seconds(model.config, tokens, num_steps, runs, speed, overhead)
+
+
+def estimate_flops(
+    model, flops: float, rows: int, overhead: float | None = None
+) -> cost.CostEstimate:
+    """The estimated time of ``flops`` on this device, probed at ``rows`` token states per matmul
+    (a heavy action's batch); ``overhead`` defaults to the device's uncalibrated one."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    if overhead is None:
+        overhead = cost.default_overhead(str(model.device), dtype)
+    with threads_for(model):
+        speed = cost.matmul_flops_per_second(
+            str(model.device), dtype, max(1, rows), model.config.n_embd
+        )
+    return cost.CostEstimate(flops, speed, overhead * flops / speed)
 
 
 @st.cache_data(max_entries=16, show_spinner="Measuring this device's speed …")

@@ -146,3 +146,8 @@ def default_run(
         if s < steps and seconds(s, 1) <= budget:
             return s, 1
     return MIN_STEPS, 1
+
+
+def format_bytes(n: float) -> str:
+    """A byte count as GiB (from 1 GiB on) or MiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

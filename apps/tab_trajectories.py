@@ -46,9 +46,10 @@ def render(ctx: Context) -> None:
             scene=dict(yaxis_title="UMAP1", zaxis_title="UMAP2"),
         )
         chart(fig, "umap_waterfall")
+    traj, key = ctx.traj, ctx.key  # the lazy download holds these, not the model
     download(
         "Download trajectory (.safetensors)",
-        lambda: compute.trajectory_file(ctx.traj, ctx.key),
+        lambda: compute.trajectory_file(traj, key),
         "trajectory.safetensors",
         "dl_trajectory",
     )

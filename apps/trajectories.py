@@ -24,7 +24,8 @@ from apps.ui import Context  # noqa: E402
 from apps.views import TABS  # noqa: E402
 from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 
-DTYPES = ("float32", "bfloat16", "float16")
+OWN_DTYPE = "checkpoint's own"
+DTYPES = (OWN_DTYPE, "float32", "bfloat16", "float16")
 
 
 def devices() -> list[str]:
@@ -132,10 +133,14 @@ def main() -> None:
     raw = sidebar()
     with shown_as_message(stop=True):
         path = inputs.resolve_checkpoint(raw["path"])
-        model = compute.load(
-            str(path), raw["device"], raw["dtype"], compute.checkpoint_signature(path)
-        )
+        dtype = None if raw["dtype"] == OWN_DTYPE else raw["dtype"]
+        model = compute.load(str(path), raw["device"], dtype, compute.checkpoint_signature(path))
     model_banner(model, path)
+    st.sidebar.caption(
+        f"In memory: {cost.format_bytes(compute.model_bytes(model))} of weights in "
+        f"{str(model.dtype).removeprefix('torch.')} ({model.num_parameters() / 1e6:,.1f} M "
+        "parameters); one model is kept, switching frees it first."
+    )
     model_key = f"{path}|{raw['device']}|{raw['dtype']}|{compute.checkpoint_signature(path)}"
     raw |= run_widgets(model, model_key, prompt_length(model, raw))
     with shown_as_message(stop=True):

@@ -53,13 +53,15 @@ class Context:
         default = min(max(default, 0), self.traj.n_tokens - 1)
         refresh_picks(key, self.labels, [default], single=True)
         positions = list(range(self.traj.n_tokens))
-        return st.selectbox(label, positions, format_func=lambda p: self.labels[p], key=key)
+        # the labels list, not a closure over self: widgets keep format_func until the next run,
+        # and a reference to the model there would keep it alive past a switch
+        return st.selectbox(label, positions, format_func=self.labels.__getitem__, key=key)
 
     def tokens_picker(self, label: str, key: str, default: Sequence[int]) -> list[int]:
         """Several token positions, refreshed like ``token_picker``."""
         refresh_picks(key, self.labels, list(default), single=False)
         positions = list(range(self.traj.n_tokens))
-        return st.multiselect(label, positions, format_func=lambda p: self.labels[p], key=key)
+        return st.multiselect(label, positions, format_func=self.labels.__getitem__, key=key)
 
 
 def refresh_picks(key: str, labels: list[str], default: list[int], single: bool) -> None:

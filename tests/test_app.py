@@ -99,7 +99,7 @@ def test_dynamics_token_choice_redraws_its_rotation_panel(app):
     show(app, "Dynamics")
     app.selectbox(key="dyn_token").set_value(3).run()
     assert_clean(app)
-    assert app.caption[-1].value.startswith("3: ")
+    assert app.main.caption[-1].value.startswith("3: ")
     rotation = next(c for c in app.get("plotly_chart") if c.key == "rotation")
     assert "3: " in json.loads(rotation.proto.spec)["layout"]["title"]["text"]
 
@@ -299,6 +299,26 @@ def test_changing_only_the_view_recomputes_nothing(monkeypatch):
     assert calls == {"collect": 2, "classify": 1}
     at.number_input(key="steps").set_value(11).run()
     assert calls == {"collect": 3, "classify": 2}
+
+
+def test_one_model_in_memory_in_the_checkpoints_own_dtype_by_default():
+    import gc
+    import weakref
+
+    from apps import compute
+
+    at = open_app(steps=4, seeds="0")
+    stored = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text()).get("torch_dtype")
+    memory = lambda: [c.value for c in at.sidebar.caption if c.value.startswith("In memory")]  # noqa: E731
+    assert at.selectbox(key="dtype").value == "checkpoint's own"
+    assert f"of weights in {stored or 'float32'}" in memory()[0]
+    first = weakref.ref(compute.model_slot().model)
+    at.selectbox(key="dtype").set_value("bfloat16").run()
+    assert_clean(at)
+    assert "of weights in bfloat16" in memory()[0]
+    gc.collect()
+    assert first() is None  # the old model is gone, not cached beside the new one
+    at.selectbox(key="dtype").set_value("checkpoint's own").run()
 
 
 def test_any_huginn_layout_directory_opens(tmp_path):
