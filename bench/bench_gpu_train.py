@@ -11,8 +11,12 @@ with validation, health and checkpoints pushed to the end; then reads the run's 
 - memory: torch.cuda.max_memory_allocated over the training steps (before the final validation)
   against the plan's total without its allocator margin (pretrain.plan.plan_memory for this device,
   one rank), and torch.cuda.max_memory_reserved against the plan's total with it.
+- state dtypes under fsdp: the config's model FSDP2-sharded over a one-rank mesh on this GPU with
+  the run's policy (pretrain.distributed.shard_model), one forward under the run's autocast, and the
+  dtypes of e, s_0 … s_r, the residual stream and the gathered norm weights (all float32 in the
+  recipe) beside a matmul output (bf16).
 
-On a machine without a GPU it says so and exits 0 without measuring anything.
+On a machine without a GPU it refuses in one line (exit 2) without measuring anything.
 
 Usage: python bench/bench_gpu_train.py [--steps 300] [--warmup 30] [--out DIR] [--set KEY=VALUE ...]
 """
@@ -32,7 +36,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pretrain.config import load_config  # noqa: E402
+from pretrain.distributed import (  # noqa: E402
+    DistContext,
+    data_parallel_mesh,
+    init_parameters,
+    materialise,
+    shard_model,
+)
 from pretrain.plan import GIB, Device, plan_memory, resolve_device  # noqa: E402
+from pretrain.precision import Precision, resolve_precision  # noqa: E402
+from recurrent_model import RecurrentConfig, RecurrentLM, hook_names  # noqa: E402
+
+RECIPE_FLOAT32 = (hook_names.EMBED, hook_names.E, hook_names.STATE, hook_names.LATENT)
 
 CONFIG = ROOT / "pretrain" / "configs" / "gpu-single.yaml"
 
@@ -58,11 +73,62 @@ def this_device() -> Device:
         return resolve_device(name, total)
 
 
+def state_dtypes_under_fsdp(
+    config: RecurrentConfig, device: torch.device, precision: Precision, tokens: int = 256
+) -> dict[str, str]:
+    """Activation and norm-weight dtypes of one forward of ``config`` FSDP2-sharded over a one-rank
+    mesh on ``device`` (nccl on a GPU, gloo on the CPU), under ``precision``'s autocast."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    store = Path(tempfile.mkdtemp(prefix="bench_fsdp_")) / "store"
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        with torch.device("meta"):
+            model = RecurrentLM(config, init_weights=False)
+        ctx = DistContext(device=device, backend=backend)
+        shard_model(model, data_parallel_mesh(ctx, "fsdp"), precision)
+        materialise(model, device)
+        init_parameters(model, seed=0)
+        dtypes: dict[str, str] = {}
+
+        def record(tensor: torch.Tensor, hook) -> None:
+            dtypes.setdefault(hook.name, str(tensor.dtype).removeprefix("torch."))
+
+        def record_norms(block: torch.nn.Module, args: tuple) -> None:
+            dtypes.setdefault(
+                "core.0 norm weights", str(block.norm_1.weight.dtype).removeprefix("torch.")
+            )
+
+        handle = model.transformer.core_block[0].register_forward_pre_hook(record_norms)
+        ids = torch.randint(
+            0, config.vocab_size, (1, min(tokens, config.block_size)), device=device
+        )
+        names = [
+            *RECIPE_FLOAT32,
+            hook_names.core(0, "hook_resid_post"),
+            hook_names.core(0, "hook_mlp_out"),
+        ]
+        with torch.no_grad(), model.hooks([(n, record) for n in names]), precision.autocast():
+            model(ids, num_steps=2)
+        handle.remove()
+        return dtypes
+    finally:
+        dist.destroy_process_group()
+
+
+def state_is_float32(dtypes: dict[str, str]) -> bool:
+    """The recipe: everything but the matmul outputs float32."""
+    return all(v == "float32" for k, v in dtypes.items() if not k.endswith("hook_mlp_out"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("no GPU visible (CUDA or ROCm): nothing to measure; run this on a GPU machine")
-        return 0
+        print("bench_gpu_train: no GPU visible (CUDA or ROCm); nothing measured", file=sys.stderr)
+        return 2
     overrides = [
         *args.overrides,
         f"train.max_steps={max(args.steps, 1)}",
@@ -117,9 +183,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['plan_total_gib']:.2f} GiB with margin"
     )
     print(f"loss {result['loss_first_last'][0]:.3f} -> {result['loss_first_last'][1]:.3f}")
+    precision = resolve_precision(config.train.precision, "cuda")
+    dtypes = state_dtypes_under_fsdp(config.model_config(), torch.device("cuda", 0), precision)
+    result["fsdp_state_dtypes"] = dtypes
+    result["fsdp_state_float32"] = state_is_float32(dtypes)
+    print(
+        f"fsdp on one GPU ({precision.name}): "
+        + ", ".join(f"{k} {v}" for k, v in dtypes.items())
+        + ("; state float32 as in the recipe" if result["fsdp_state_float32"] else "; NOT float32")
+    )
     if args.json:
         print(json.dumps(result))
-    return 0
+    return 0 if result["fsdp_state_float32"] else 1
 
 
 if __name__ == "__main__":
