@@ -328,8 +328,9 @@ def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path, killed)
         os.kill(int((tmp_path / "writing.pid1").read_text()), signal.SIGKILL)
         try:  # the other rank stops (its collectives fail, or torchrun ends it)
             output = proc.communicate(timeout=150)[0]
-        finally:
+        except subprocess.TimeoutExpired:
             kill_run(proc, tmp_path)
+            raise
         assert proc.returncode != 0, output
     else:
         kill_run(proc, tmp_path)
