@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # imported in the fixture, so that tests that never use it do not pay for it
+    import recurrent_model as rm
 
 _MAIN = sys.modules["__main__"]  # pytest's own, captured before any test runs
 
@@ -18,3 +22,30 @@ def _restore_main_module() -> Iterator[None]:
     sys.modules["__main__"] = _MAIN
     yield
     sys.modules["__main__"] = _MAIN
+
+
+@pytest.fixture(scope="session")
+def model() -> Iterator[rm.RecurrentLM]:
+    """The tiny preset with the random weights of ``torch.manual_seed(0)``, in eval mode, built once
+    and shared by every test that asks for ``model``.
+
+    Tests must not mutate it (weights, config, tokenizer, train/eval mode, hooks): change a
+    ``copy.deepcopy`` of it instead. At the end of the session this fixture fails if anything did.
+    Building it leaves the global RNG as it was.
+    """
+    import torch
+
+    import recurrent_model as rm
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        shared = rm.RecurrentLM(rm.preset("tiny")).eval()
+    weights = {k: v.clone() for k, v in shared.state_dict().items()}
+    config = shared.config.to_dict()
+    yield shared
+    changed = [k for k, v in shared.state_dict().items() if not torch.equal(v, weights[k])]
+    if shared.config.to_dict() != config:
+        changed.append("config")
+    if shared.tokenizer is not None or shared.training or shared.has_hooks():
+        changed.append("tokenizer, mode or hooks")
+    assert not changed, f"a test mutated the shared `model` fixture: {', '.join(changed)}"

@@ -30,12 +30,6 @@ HF_EXTRAS = {
 }
 
 
-@pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
-
-
 def hand_built_sharded(model: rm.RecurrentLM, directory, with_head: bool = False) -> None:
     """Write a checkpoint by hand from the spec: config.json + two shards + index, with freqs_cis."""
     directory.mkdir(parents=True, exist_ok=True)

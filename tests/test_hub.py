@@ -16,12 +16,6 @@ from recurrent_model.checkpoint import CheckpointError
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
-
-
 def _hub_cache(tmp_path, model: rm.RecurrentLM, repo: str = "org/tiny-model"):
     """The hub cache layout: models--org--name/{blobs,refs/main,snapshots/<rev>/...}, as
     huggingface_hub writes it (snapshot files are links into blobs/)."""

@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import recurrent_model as rm
 from recurrent_model.generation import generate
 from recurrent_model.kv_cache import KVCache
 
 STEPS = 6
-
-
-@pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
 
 
 def prompt(batch: int, length: int, seed: int = 1) -> torch.Tensor:

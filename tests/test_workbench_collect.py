@@ -4,15 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-import recurrent_model as rm
 import workbench as wb
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
-
 
 IDS = torch.arange(3, 15)
 
