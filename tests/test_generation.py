@@ -9,12 +9,6 @@ import recurrent_model as rm
 from recurrent_model.generation import GenerationOutput, generate
 
 
-@pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
-
-
 def greedy_by_recomputation(model, ids, new, steps, mask=None):
     """Greedy decoding that reruns the whole sequence without a cache for every token."""
     seq = ids

@@ -11,12 +11,6 @@ LAYER_HOOKS = ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_po
 
 
 @pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
-
-
-@pytest.fixture(scope="module")
 def ids(model) -> torch.Tensor:
     return torch.randint(
         0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1)
