@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-import recurrent_model as rm
 import workbench as wb
 from recurrent_model.hooks import Hook, HookError
 from workbench.ablation import random_bases
@@ -16,12 +15,6 @@ STEPS = 4
 # Different batch sizes take different float32 GEMM paths (and, with 2 threads, different splits);
 # "restored" is a ratio of log-prob differences that magnifies their rounding to ~2e-5.
 RATIO_ATOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
-    torch.manual_seed(0)
-    return rm.RecurrentLM(rm.preset("tiny")).eval()
 
 
 @pytest.fixture(scope="module")
