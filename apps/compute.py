@@ -214,7 +214,7 @@ def pca(_traj, key: TrajKey, all_seeds: bool = False, n_components: int = 6):
     return coords, np.asarray(model.explained_variance_ratio_)
 
 
-@st.cache_data(max_entries=4, show_spinner="Fitting UMAP (the first import takes ~20 s) …")
+@st.cache_data(max_entries=4, show_spinner=False)
 def umap(_traj, key: TrajKey) -> np.ndarray:
     """UMAP coordinates (steps + 1, T, 2) of seed 0, fitted on its first 50 principal components."""
     coords, _ = workbench.project(_traj.states[0], "umap", n_components=2)
@@ -274,13 +274,13 @@ def plane(_traj, key: TrajKey, position: int, run: int = 0) -> np.ndarray:
     return rotation_plane(_traj.states[run][:, position])
 
 
-@st.cache_data(max_entries=8, show_spinner="Decoding every state through the lens …")
+@st.cache_data(max_entries=8, show_spinner=False)
 def lens(_model, _traj, key: TrajKey, _tokens: list[str], kind: str) -> pd.DataFrame:
     with threads_for(_model):
         return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_tokens)
 
 
-@st.cache_data(max_entries=8, show_spinner="Generating …")
+@st.cache_data(max_entries=8, show_spinner=False)
 def generation(
     _model,
     model_key: ModelKey,
@@ -290,9 +290,21 @@ def generation(
     exit_criterion: str | None,
     exit_threshold: float | None,
     init_scale: float,
+    _progress: TaskProgress | None = None,
 ) -> dict:
-    """Greedy generation with an optional adaptive exit: text, tokens and iterations per token."""
+    """Greedy generation with an optional adaptive exit: text, tokens and iterations per token.
+
+    With ``_progress`` a bar follows every generated token (and Stop ends the generation there)."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
+    done = [0]
+
+    def streamer(tokens: torch.Tensor, steps: torch.Tensor) -> None:
+        done[0] += 1
+        if _progress is not None:
+            _progress(done[0], max_new_tokens)
+
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
         out = _model.generate(
             ids,
@@ -302,7 +314,10 @@ def generation(
             exit_threshold=exit_threshold,
             init_scale=init_scale,
             return_details=True,
+            streamer=streamer,
         )
+    if _progress is not None:
+        _progress.finish()
     new = out.sequences[0, len(token_ids) :].tolist()
     steps = out.steps[0].tolist()
     n = sum(1 for s in steps if s > 0)  # tokens after a stop token get 0 steps

@@ -151,3 +151,58 @@ def default_run(
 def format_bytes(n: float) -> str:
     """A byte count as GiB (from 1 GiB on) or MiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def patching_flops(config: RecurrentConfig, tokens: int, num_steps: int, patches: int) -> float:
+    """At most: the clean and corrupted runs plus one full forward per patch (a patch that resumes
+    from the cached state at its step runs fewer iterations)."""
+    return forward_flops(config, tokens, num_steps, patches + 2)
+
+
+def ablation_flops(config: RecurrentConfig, tokens: int, num_steps: int, n_random: int) -> float:
+    """The plane fit's run, the base run, and one forward for the real and each random plane."""
+    return forward_flops(config, tokens, num_steps, n_random + 3)
+
+
+def generation_flops(
+    config: RecurrentConfig, prompt_tokens: int, new_tokens: int, num_steps: int
+) -> float:
+    """At most: the prompt's forward, then one token per step of decoding at `num_steps`
+    iterations (an adaptive exit stops earlier), attending to the whole context so far."""
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    layers = (
+        config.n_layers_in_prelude
+        + config.n_layers_in_coda
+        + num_steps * config.n_layers_in_recurrent_block
+    )
+    per_token = forward_flops(config, 1, num_steps) - 4.0 * layers * config.n_embd
+    context = prompt_tokens * new_tokens + new_tokens * (new_tokens + 1) / 2  # keys attended
+    attention = 4.0 * layers * config.n_embd * context
+    return forward_flops(config, prompt_tokens, num_steps) + new_tokens * per_token + attention
+
+
+def lens_flops(config: RecurrentConfig, tokens: int, num_steps: int, kind: str) -> float:
+    """Decoding every state s_0 … s_r: the head alone (logit lens), or the coda and the head over
+    the whole sequence at each step (coda lens)."""
+    h, head = config.n_embd, config.vocab_size * config.n_embd
+    per_state = 2.0 * tokens * head
+    if kind == "coda":
+        coda = config.n_layers_in_coda
+        per_state += 2.0 * tokens * coda * layer_matmul_params(config)
+        per_state += 2.0 * coda * tokens * (tokens + 1) * h
+    elif kind != "logit":
+        raise ValueError(f"kind must be 'coda' or 'logit', got {kind!r}")
+    return (num_steps + 1) * per_state
+
+
+HEAVY_SECONDS = 10.0  # an action estimated above this waits for a button instead of running
+
+
+def largest_within(
+    choices: tuple[int, ...], seconds: Callable[[int], float], budget: float = TIME_BUDGET_S
+) -> int:
+    """The largest of `choices` whose estimated `seconds(choice)` fits `budget` (else the
+    smallest): a heavy action's default size scaled to the model and this device."""
+    fitting = [c for c in choices if seconds(c) <= budget]
+    return max(fitting) if fitting else min(choices)

@@ -7,11 +7,29 @@ import streamlit as st
 from recurrent_model.sampling import EXIT_CRITERIA as MODEL_EXIT_CRITERIA
 from workbench import figures
 
-from . import compute
+from . import compute, cost
 from .messages import shown_as_message
 from .ui import Context, chart, table_download
 
 EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
+
+
+NEW_TOKEN_CHOICES = (24, 16, 8, 4, 1)
+
+
+def generation_estimate(ctx: Context, new_tokens: int) -> cost.CostEstimate:
+    """The estimated time of generating ``new_tokens`` at the sidebar's steps (no early exit)."""
+    flops = cost.generation_flops(
+        ctx.model.config, len(ctx.run.token_ids), new_tokens, ctx.run.num_steps
+    )
+    return compute.estimate_flops(ctx.model, flops, rows=1)
+
+
+def default_new_tokens(ctx: Context, room: int) -> int:
+    """The most new tokens (of NEW_TOKEN_CHOICES, within the context) whose estimate fits the
+    app's time budget."""
+    choices = tuple(n for n in NEW_TOKEN_CHOICES if n <= room) or (max(room, 1),)
+    return cost.largest_within(choices, lambda n: generation_estimate(ctx, n).seconds)
 
 
 def threshold_problem(criterion: str | None, threshold: float) -> str | None:
@@ -28,7 +46,12 @@ def render(ctx: Context) -> None:
     """Generate a continuation with an adaptive exit and show the iterations spent per token."""
     room = ctx.model.config.block_size - len(ctx.run.token_ids)
     with st.form("generation"):
-        new = st.number_input("New tokens", value=min(24, max(room, 1)), step=1, key="gen_new")
+        new = st.number_input(
+            "New tokens", value=default_new_tokens(ctx, room), step=1, key="gen_new"
+        )
+        if 1 <= new <= room:
+            st.caption(f"Up to {int(new)} tokens × {ctx.run.num_steps} steps: "
+                       f"{generation_estimate(ctx, int(new)).describe()}")  # fmt: skip
         crit = st.selectbox("Exit criterion", EXIT_CRITERIA, index=1, key="gen_exit")
         thr = st.number_input(
             "Exit threshold (0 = the criterion's default)",
@@ -53,6 +76,9 @@ def render(ctx: Context) -> None:
         return
     threshold = thr if thr > 0 else None
     with shown_as_message():
+        progress = compute.TaskProgress(
+            f"Generating {new} tokens", "tokens", generation_estimate(ctx, new)
+        )
         out = compute.generation(
             ctx.model,
             ctx.model_key,
@@ -62,6 +88,7 @@ def render(ctx: Context) -> None:
             criterion,
             threshold,
             ctx.run.init_scale,
+            _progress=progress,
         )
         st.code(out["text"] or "(stopped at once)", language=None, wrap_lines=True)
         st.metric("Mean steps per token", f"{out['mean_steps']:.1f}")

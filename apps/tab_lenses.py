@@ -6,14 +6,26 @@ import streamlit as st
 
 from workbench import figures
 
-from . import compute
-from .ui import Context, chart, table_download
+from . import compute, cost
+from .ui import Context, chart, estimate_gate, table_download
+
+
+def lens_estimate(ctx: Context, kind: str) -> cost.CostEstimate:
+    """The estimated time of decoding every state s_0 … s_r of seed 0 through the lens."""
+    flops = cost.lens_flops(ctx.model.config, ctx.traj.n_tokens, ctx.traj.num_steps, kind)
+    return compute.estimate_flops(ctx.model, flops, rows=ctx.traj.n_tokens)
 
 
 def render(ctx: Context) -> None:
     """What the coda lens or the logit lens reads from every state, per token and step."""
     kind = st.radio("Lens", ["coda", "logit"], horizontal=True, key="lens_kind")
-    frame = compute.lens(ctx.model, ctx.traj, ctx.key, ctx.tokens, kind)
+    guess = lens_estimate(ctx, kind)
+    states = (ctx.traj.num_steps + 1) * ctx.traj.n_tokens
+    what = f"{states} states through the {kind} lens"
+    if not estimate_gate(f"Decoding {what}", guess, "lens_go", (ctx.key, kind)):
+        return
+    with st.spinner(f"Decoding {what} ({guess.describe()}) …", show_time=True):
+        frame = compute.lens(ctx.model, ctx.traj, ctx.key, ctx.tokens, kind)
     value = st.selectbox(
         "Colour", ["final_prob", "kl_to_final", "entropy", "final_rank"], key="lens_value"
     )

@@ -39,8 +39,16 @@ def render(ctx: Context) -> None:
     pair = st.selectbox("Waterfall plane", list(PC_PAIRS), key="waterfall_pair")
     if max(PC_PAIRS[pair]) < coords.shape[-1]:
         chart(figures.waterfall_3d(coords, ctx.tokens, components=PC_PAIRS[pair]), "waterfall")
-    if st.toggle("UMAP (slow the first time: the umap import takes ~20 s)", key="umap"):
-        fig = figures.waterfall_3d(compute.umap(ctx.traj, ctx.key), ctx.tokens)
+    states = (ctx.traj.num_steps + 1) * ctx.traj.n_tokens
+    umap_label = (
+        f"UMAP of the {states} states of seed 0 (fitted on their first 50 principal components, "
+        "so its time depends on the states, not the model's size; the first call imports umap "
+        "and compiles it with numba, about 20 s)"
+    )
+    if st.toggle(umap_label, key="umap"):
+        with st.spinner(f"Fitting UMAP on {states} states …", show_time=True):
+            coords_umap = compute.umap(ctx.traj, ctx.key)
+        fig = figures.waterfall_3d(coords_umap, ctx.tokens)
         fig.update_layout(
             title="UMAP of all states by token position",
             scene=dict(yaxis_title="UMAP1", zaxis_title="UMAP2"),

@@ -17,6 +17,7 @@ import streamlit as st
 from workbench import position_labels
 from workbench._frames import printable, token_display_strings
 
+from . import cost
 from .compute import csv_bytes
 from .inputs import RunSettings
 
@@ -109,3 +110,17 @@ def default_tokens(tokens: Sequence[str], n: int = 3) -> list[int]:
     """Initial token choice: those holding a digit (the paper's orbiting " 3"), else the last n."""
     digits = [i for i, t in enumerate(tokens) if any(c.isdigit() for c in t)]
     return digits[:n] if digits else list(range(max(0, len(tokens) - n), len(tokens)))
+
+
+def estimate_gate(what: str, guess: cost.CostEstimate, key: str, identity: object) -> bool:
+    """Show a heavy action's estimate before it starts. True when it may run: at once when the
+    estimate is short, else once its button was pressed for this ``identity`` (the model, the run
+    and the action's settings), so later reruns redraw the cached result without asking again."""
+    st.caption(f"{what}: {guess.describe()}")
+    approved = st.session_state.setdefault("approved_actions", set())
+    if guess.seconds <= cost.HEAVY_SECONDS or (key, identity) in approved:
+        return True
+    if st.button(f"Run ({guess.describe()})", key=key):
+        approved.add((key, identity))
+        return True
+    return False

@@ -182,6 +182,50 @@ def test_estimate_and_default_run_scaling():
     assert cost.default_overhead("cuda:0", "bfloat16") == cost.OVERHEAD
 
 
+def test_heavy_action_costs_count_their_forwards():
+    from apps import cost
+
+    config = _tiny_config()
+    t, r = 12, 6
+    assert cost.patching_flops(config, t, r, 40) == cost.forward_flops(config, t, r, 42)
+    assert cost.ablation_flops(config, t, r, 32) == cost.forward_flops(config, t, r, 35)
+    head = config.vocab_size * config.n_embd
+    assert cost.lens_flops(config, t, r, "logit") == (r + 1) * 2 * t * head
+    assert cost.lens_flops(config, t, r, "coda") > cost.lens_flops(config, t, r, "logit")
+    prompt = cost.forward_flops(config, t, r)
+    one, two = (cost.generation_flops(config, t, n, r) - prompt for n in (1, 2))
+    assert prompt < cost.generation_flops(config, t, 1, r)
+    assert two > 2 * one  # the second token attends to one more key
+    with pytest.raises(ValueError, match="kind"):
+        cost.lens_flops(config, t, r, "tuned")
+    assert cost.largest_within((24, 16, 8), lambda n: n, budget=16) == 16
+    assert cost.largest_within((24, 16, 8), lambda n: n, budget=1) == 8
+
+
+def test_a_heavy_lens_waits_for_its_button_with_the_estimate(monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from apps import cost
+
+    monkeypatch.setattr(cost, "HEAVY_SECONDS", 0.0)  # every action counts as heavy
+    st.cache_data.clear()
+    app = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+    at = AppTest.from_file(app, default_timeout=240)
+    at.session_state["view"] = "Lenses"
+    at.session_state["steps"], at.session_state["seeds"] = 6, "0"
+    at.run()
+    assert not at.exception, at.exception
+    assert any("states through the coda lens" in c.value and "GFLOP" in c.value
+               for c in at.main.caption)  # fmt: skip
+    assert not at.get("plotly_chart")
+    at.button(key="lens_go").click().run()
+    assert not at.exception and not at.error
+    assert "lens_heatmap" in {c.key for c in at.get("plotly_chart")}
+    at.selectbox(key="lens_value").set_value("entropy").run()  # approved: no second ask
+    assert "lens_heatmap" in {c.key for c in at.get("plotly_chart")}
+
+
 def _tiny_config():
     from recurrent_model import preset
 
