@@ -116,3 +116,31 @@ def arithmetic_problems(
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         problems.append(Problem(f"{a} {op} {b} = ", str(value)))
     return problems
+
+
+@dataclass(frozen=True)
+class PromptPair:
+    """A clean prompt and a corrupted one that differ in one operand, so their answers differ."""
+
+    clean: str
+    corrupted: str
+    answer: str
+    corrupted_answer: str
+
+
+def corrupted_operand_pair(a: int, b: int, corrupted_b: int) -> PromptPair:
+    """ "a + b = " against "a + corrupted_b = ": same length in characters (single-digit operands)
+    and different one-digit answers, so the answer is one token and the prompts align token by
+    token. The trailing space is part of the prompt: the model's next token is the answer's digit."""
+    operands = (a, b, corrupted_b)
+    if any(not 0 <= x <= 9 for x in operands):
+        raise ValueError(f"operands must be single digits, got {operands}")
+    if a + b > 9 or a + corrupted_b > 9:
+        raise ValueError(f"{a} + {b} and {a} + {corrupted_b} must both be below 10 (one digit)")
+    if b == corrupted_b:
+        raise ValueError(f"the corrupted operand must differ from {b}")
+    return PromptPair(f"{a} + {b} = ", f"{a} + {corrupted_b} = ", str(a + b), str(a + corrupted_b))
+
+
+# The interventions' default experiment: the operand 4 → 2 turns the answer 7 into 5.
+DEFAULT_PATCHING_PAIR = corrupted_operand_pair(3, 4, 2)

@@ -7,9 +7,13 @@ import numpy as np
 import pytest
 import torch
 
+import recurrent_model as rm
 import workbench as wb
 from recurrent_model.hooks import Hook, HookError
+from recurrent_model.standin import DEFAULT_CHECKPOINT
 from workbench.ablation import random_bases
+from workbench.interventions_common import Cancelled
+from workbench.patching import MIN_GAP, patching_pair
 
 STEPS = 4
 # Different batch sizes take different float32 GEMM paths (and, with 2 threads, different splits);
@@ -128,10 +132,113 @@ def test_patching_rejects_bad_input(model, pair):
         wb.patch_states(model, clean, corrupted, STEPS, positions=[6])
     with pytest.raises(ValueError, match="does not fire at step"):
         wb.patch_states(model, clean, corrupted, STEPS, hook="core.0.hook_mlp_out", steps=[0])
-    with pytest.raises(ValueError, match="undefined"):
+    with pytest.raises(ValueError, match="identical"):
         wb.patch_states(model, clean, clean, STEPS)
+    with pytest.raises(ValueError, match="metric"):
+        wb.patch_states(model, clean, corrupted, STEPS, metric="kl")
     with pytest.raises(ValueError, match="direction"):
         wb.patch_states(model, clean, corrupted, STEPS, direction="sideways")
+
+
+def _last_logits(model, ids):
+    return model(torch.as_tensor(ids)[None], num_steps=STEPS, init_scale=0.0).logits[0, -1]
+
+
+def test_logit_diff_frame_carries_the_unpatched_runs_and_restores_one_at_the_end(model, pair):
+    clean, corrupted = pair
+    with torch.no_grad():
+        lc, lk = _last_logits(model, clean), _last_logits(model, corrupted)
+    target, other = int(lc.argmax()), int(lk.argmax())
+    if target == other:  # the fixture's corruption must change the answer for this test
+        other = int(lk.topk(2).indices[1])
+    df = wb.patch_states(
+        model, clean, corrupted, STEPS, metric="logit_diff", positions="all",
+        corrupted_target=other,
+    )  # fmt: skip
+    assert df.clean.iloc[0] == pytest.approx(float(lc[target] - lc[other]), abs=1e-4)
+    assert df.corrupted.iloc[0] == pytest.approx(float(lk[target] - lk[other]), abs=1e-4)
+    assert df.attrs["metric"] == "logit_diff" and df.attrs["corrupted_target"] == other
+    assert df.attrs["gap"] == pytest.approx(df.clean.iloc[0] - df.corrupted.iloc[0])
+    restored = df.set_index("step").restored
+    assert restored[STEPS] == pytest.approx(1.0, abs=1e-4) and restored[0] == 0.0
+    # restored is (patched − corrupted) / (clean − corrupted) of the patched metric
+    expect = (df.patched - df.corrupted) / (df.clean - df.corrupted)
+    np.testing.assert_allclose(df.restored, expect, atol=1e-12)
+
+
+def test_logit_diff_needs_two_different_answers(model, pair):
+    clean, corrupted = pair
+    with torch.no_grad():
+        target = int(_last_logits(model, clean).argmax())
+    with pytest.raises(ValueError, match="same token"):
+        wb.patch_states(
+            model, clean, corrupted, STEPS, metric="logit_diff", target=target,
+            corrupted_target=target,
+        )  # fmt: skip
+    with torch.no_grad():
+        corrupted_top = int(_last_logits(model, corrupted).argmax())
+    with pytest.raises(ValueError, match="answers do not differ"):
+        wb.patch_states(model, clean, corrupted, STEPS, metric="logit_diff", target=corrupted_top)
+
+
+def test_a_gap_below_min_gap_is_flagged(model, pair):
+    df = wb.patch_states(model, *pair, STEPS, positions="all")
+    gap = abs(df.attrs["gap"])
+    assert not df.gap_too_small.any() if gap >= MIN_GAP else df.gap_too_small.all()
+    flagged = wb.patch_states(model, *pair, STEPS, positions="all", min_gap=2 * gap)
+    assert flagged.gap_too_small.all() and flagged.attrs["min_gap"] == 2 * gap
+    assert not wb.patch_states(
+        model, *pair, STEPS, positions="all", min_gap=gap / 2
+    ).gap_too_small.any()
+
+
+def test_progress_reports_every_batch_and_should_stop_cancels(model, pair):
+    calls = []
+    df = wb.patch_states(
+        model, *pair, STEPS, batch_size=4, progress=lambda d, t: calls.append((d, t))
+    )
+    total = calls[-1][1]
+    assert calls[0] == (0, total) and calls[-1] == (total, total) and len(calls) > 2
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    checks = []
+
+    def stop_after_first_batch() -> bool:
+        checks.append(1)
+        return len(checks) > 1
+
+    with pytest.raises(Cancelled, match="stopped after 4 of"):
+        wb.patch_states(model, *pair, STEPS, batch_size=4, should_stop=stop_after_first_batch)
+    assert len(df) == 6 * (STEPS + 1)
+
+
+@pytest.fixture(scope="module")
+def default_model() -> rm.RecurrentLM:
+    return rm.load_model(DEFAULT_CHECKPOINT)
+
+
+@pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="no default checkpoint")
+def test_default_patching_pair_has_a_gap_and_a_grid_with_structure(default_model):
+    """On the shipped checkpoint the default pair's answers differ (7 against 5) by well over 1
+    logit, and the grid is not flat: the operand's and the last position's late states carry it."""
+    pair = patching_pair(default_model)
+    tok = default_model.tokenizer
+    assert tok.token_strings([pair.target, pair.corrupted_target]) == ["7", "5"]
+    steps = 32
+    df = wb.patch_states(
+        default_model, pair.clean_ids, pair.corrupted_ids, steps, metric="logit_diff",
+        target=pair.target, corrupted_target=pair.corrupted_target,
+    )  # fmt: skip
+    assert df.attrs["gap"] >= 1.0 and not df.gap_too_small.any()
+    assert df.clean.iloc[0] > 0 > df.corrupted.iloc[0]  # each run prefers its own answer
+    with torch.no_grad():
+        logits = default_model(torch.tensor([pair.clean_ids]), num_steps=steps).logits[0, -1]
+    assert int(logits.argmax()) == pair.target
+    grid = _grid(df)
+    operand = pair.clean_ids.index(tok.encode("4", add_bos=False)[0])
+    last = len(pair.clean_ids) - 1
+    assert grid.loc[: operand - 1].abs().max().max() == 0  # before the operand: nothing differs
+    assert 0.2 < grid.loc[operand, steps] < 0.8 and 0.2 < grid.loc[last, steps] < 0.8
+    assert grid.loc[:, : steps - 4].abs().max().max() < 0.1  # an early patch is forgotten
 
 
 # Steering ----------------------------------------------------------------------------------------

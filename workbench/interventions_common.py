@@ -12,7 +12,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from recurrent_model.hook_names import STATE, first_step
+
 from .collect import as_token_ids, token_strings
+
+
+class Cancelled(RuntimeError):
+    """An intervention run stopped by its caller's ``should_stop`` check (the app's Stop button)."""
 
 
 def encode_prompt(model, prompt: str | torch.Tensor | np.ndarray | Sequence[int]) -> torch.Tensor:
@@ -59,15 +65,14 @@ def hook_steps(model, hook: str, num_steps: int) -> list[int | None]:
     point = model.hook_point(hook)  # raises HookError naming the hook
     if not point.iterated:
         return [None]
-    first = 0 if hook == "core.hook_state" else 1
-    return list(range(first, num_steps + 1))
+    return list(range(first_step(hook), num_steps + 1))
 
 
 def cached_index(hook: str, step: int | None) -> int | None:
     """Index along the step axis of ``run_with_cache``'s stacked tensor for ``hook`` at ``step``."""
     if step is None:
         return None
-    return step if hook == "core.hook_state" else step - 1
+    return step if hook == STATE else step - 1
 
 
 def token_labels(model, ids: torch.Tensor) -> list[str]:

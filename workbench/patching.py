@@ -2,8 +2,18 @@
 
 The corrupted run gets the clean run's activation put in at one (position, step) of a hook (denoising;
 ``direction="noising"`` puts the corrupted activation into the clean run instead). The measure is
-``restored`` = (m_patched − m_corrupted) / (m_clean − m_corrupted), m the log-probability of the target
-token at the last position: 1 = the patch alone restores the clean answer, 0 = it changes nothing.
+``restored`` = (m_patched − m_corrupted) / (m_clean − m_corrupted): 1 = the patch alone restores the
+clean answer, 0 = it changes nothing. m is read at the last position, either the log-probability of
+the target token (``metric="logprob"``) or the logit difference logit(target) − logit(corrupted
+target) (``metric="logit_diff"``, the clean answer against the corrupted run's answer).
+
+``restored`` divides by the gap m_clean − m_corrupted. Below ``MIN_GAP`` (0.1 nats or logits) the
+frame says so (``gap_too_small``): the two runs then give the target nearly the same score (a factor
+e^0.1 ≈ 1.1 in probability), so there is no difference in answer for a patch to restore, and the
+ratio's float32 rounding (about 1e-5 in m between batched and single forwards) is no longer small
+against the gap's own size. Such a grid is noise divided by a small number; figures and the app show
+the gap instead of a colour scale.
+
 Many patches run as one batched forward (each batch row carries its own patch), and a patch of the
 core state s_i resumes from the cached s_i instead of recomputing the first i iterations. Patches
 that put in what the base run already has (positions before the corrupted token, a shared s_0) are
@@ -12,24 +22,30 @@ not run: they restore exactly 0 (or 1 when noising).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from recurrent_model.hook_names import STATE
+from tasks.arithmetic import DEFAULT_PATCHING_PAIR, PromptPair
+
 from .collect import as_token_ids
 from .interventions_common import (
+    Cancelled,
     cached_index,
     check_steps,
     hook_steps,
-    log_probs,
     run_init,
     token_labels,
 )
 
 DIRECTIONS = ("denoising", "noising")
+METRICS = ("logprob", "logit_diff")
+MIN_GAP = 0.1  # |m_clean − m_corrupted| below this is too small to normalise by (module docstring)
 
 
 def _positions(positions: str | Sequence[int], length: int) -> list[int]:
@@ -112,6 +128,79 @@ def _changes(
     return not (torch.equal(a, b) if pos < 0 else torch.equal(a[pos], b[pos]))
 
 
+Progress = bool | Callable[[int, int], object]
+
+
+def _scores(logits: torch.Tensor, metric: str, target: int, corrupted_target: int | None):
+    """(metric values, target log-probabilities) at the last position of logits (B, T, V), (B,)."""
+    last = logits[:, -1].float()
+    logprob = torch.log_softmax(last, dim=-1)[:, target]
+    if metric == "logprob":
+        return logprob, logprob
+    return last[:, target] - last[:, corrupted_target], logprob
+
+
+def _answers(out_clean, out_corr, target, corrupted_target, metric) -> tuple[int, int | None]:
+    """The target (default: the clean run's top token) and, for logit_diff, the corrupted target
+    (default: the corrupted run's top token), both checked."""
+    vocab = out_clean.logits.shape[-1]
+    target = int(out_clean.logits[0, -1].argmax()) if target is None else int(target)
+    if not 0 <= target < vocab:
+        raise ValueError(f"target {target} is not a token id of this model")
+    if metric == "logprob":
+        return target, None
+    if corrupted_target is None:
+        corrupted_target = int(out_corr.logits[0, -1].argmax())
+        if corrupted_target == target:
+            raise ValueError(
+                "the corrupted run's top token is the target itself: the two answers do not "
+                "differ, so logit_diff has nothing to compare; pass corrupted_target or pick a "
+                "corruption that changes the answer"
+            )
+    corrupted_target = int(corrupted_target)
+    if not 0 <= corrupted_target < vocab:
+        raise ValueError(f"corrupted_target {corrupted_target} is not a token id of this model")
+    if corrupted_target == target:
+        raise ValueError("target and corrupted_target are the same token: logit_diff is always 0")
+    return target, corrupted_target
+
+
+def _reporter(progress: Progress, total: int, should_stop: Callable[[], bool] | None):
+    """A function called before each batch with the patches done so far: reports progress (tqdm
+    bar or ``progress(done, total)``) and raises `Cancelled` when ``should_stop()`` is true."""
+    bar = tqdm(total=total, desc="patching", disable=progress is not True)
+
+    def report(done: int) -> None:
+        if callable(progress):
+            progress(done, total)
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+        elif should_stop is not None and should_stop():
+            bar.close()
+            raise Cancelled(f"patching stopped after {done} of {total} patches")
+
+    return report
+
+
+def _check_inputs(clean, corrupted, direction: str, metric: str, batch_size: int) -> None:
+    if clean.shape != corrupted.shape:
+        raise ValueError(
+            f"clean_ids and corrupted_ids must have the same length, got {clean.shape[1]} and "
+            f"{corrupted.shape[1]}"
+        )
+    if torch.equal(clean, corrupted):
+        raise ValueError(
+            "clean_ids and corrupted_ids are identical: restored is undefined; corrupt a token"
+        )
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
 def patch_states(
     model,
     clean_ids: torch.Tensor | np.ndarray | Sequence[int],
@@ -119,15 +208,19 @@ def patch_states(
     num_steps: int,
     *,
     target: int | None = None,
+    corrupted_target: int | None = None,
+    metric: str = "logprob",
     positions: str | Sequence[int] = "each",
-    hook: str = "core.hook_state",
+    hook: str = STATE,
     init_scale: float = 0.0,
     steps: Sequence[int] | None = None,
     direction: str = "denoising",
     batch_size: int = 64,
     seed: int = 0,
     reuse_prefix: bool = True,
-    progress: bool = False,
+    progress: Progress = False,
+    should_stop: Callable[[], bool] | None = None,
+    min_gap: float = MIN_GAP,
 ) -> pd.DataFrame:
     """Patch ``hook``'s activation between a clean and a corrupted run at every (position, step).
 
@@ -135,30 +228,30 @@ def patch_states(
     position), "all" (every position at once, reported as position −1) or a list. ``steps``: the
     iterations to patch (default: every step the hook fires: 0 … r for core.hook_state, 1 … r for the
     per-iteration core sub-layer hooks; hooks outside the core fire once and get step −1). s_0 is
-    zeros for init_scale 0, else one seeded draw shared by every run. ``target``: the token whose
-    last-position log-probability is measured (default: the clean run's top token there).
-    ``direction``: "denoising" (clean activation into the corrupted run) or "noising" (corrupted
-    activation into the clean run); ``restored`` has the same formula for both. ``batch_size``
-    patches run per batched forward (1 = one at a time). ``reuse_prefix`` (per-iteration hooks): a
-    patch at step i starts from the base run's cached s_i with the patch put in (core.hook_state) or
-    from s_{i−1} with the patch put in during the first iteration (the core's sub-layer hooks), and
-    runs only the remaining iterations (the core has no step-dependent weights), halving a full
-    grid's cost; False runs every patch from s_0 through the hook.
+    zeros for init_scale 0, else one seeded draw shared by every run. ``metric``: "logprob" (m =
+    log p(target)) or "logit_diff" (m = logit(target) − logit(corrupted_target)), both at the last
+    position; ``target`` defaults to the clean run's top token there, ``corrupted_target`` to the
+    corrupted run's. ``direction``: "denoising" (clean activation into the corrupted run) or
+    "noising" (corrupted activation into the clean run); ``restored`` has the same formula for both.
+    ``batch_size`` patches run per batched forward (1 = one at a time). ``reuse_prefix``
+    (per-iteration hooks): a patch at step i starts from the base run's cached s_i with the patch put
+    in (core.hook_state) or from s_{i−1} with the patch put in during the first iteration (the
+    core's sub-layer hooks), and runs only the remaining iterations (the core has no step-dependent
+    weights); False runs every patch from s_0 through the hook.
 
-    Returns one row per (position, step): ``position``, ``step``, ``token``, ``restored`` and
-    ``logprob`` (m_patched).
+    ``progress``: True for a tqdm bar, or a callable ``progress(done, total)`` (patches) called
+    before every batch and at the end; it may raise to stop. ``should_stop()``, checked before
+    every batch, stops the run by raising `Cancelled` (nothing partial is returned).
+
+    Returns one row per (position, step): ``position``, ``step``, ``token``, ``restored``,
+    ``patched`` (m of the patched run), ``clean`` and ``corrupted`` (m of the two unpatched runs),
+    ``logprob`` (the target's log-probability in the patched run) and ``gap_too_small``
+    (|clean − corrupted| < ``min_gap``, default MIN_GAP: restored is not meaningful). ``frame.attrs`` holds
+    ``metric``, ``target``, ``corrupted_target``, ``gap`` and ``min_gap``.
     """
     clean = as_token_ids(clean_ids, "clean_ids").to(model.device)
     corrupted = as_token_ids(corrupted_ids, "corrupted_ids").to(model.device)
-    if clean.shape != corrupted.shape:
-        raise ValueError(
-            f"clean_ids and corrupted_ids must have the same length, got {clean.shape[1]} and "
-            f"{corrupted.shape[1]}"
-        )
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    _check_inputs(clean, corrupted, direction, metric, batch_size)
     num_steps = int(num_steps)
     length = clean.shape[1]
     chosen_steps = check_steps(steps, hook_steps(model, hook, num_steps), hook)
@@ -168,68 +261,121 @@ def patch_states(
         init = run_init(model, length, init_scale, seed, 1)
         # per-iteration hooks resume from the base run's core states: record those too
         iterated = chosen_steps != [None]
-        names = sorted({hook, "core.hook_state"}) if iterated else [hook]
+        names = sorted({hook, STATE}) if iterated else [hook]
         out_clean, cache_clean = model.run_with_cache(
             clean, num_steps=num_steps, names_filter=names, **init
         )
         out_corr, cache_corr = model.run_with_cache(
             corrupted, num_steps=num_steps, names_filter=names, **init
         )
-        lp_clean, lp_corr = log_probs(out_clean.logits), log_probs(out_corr.logits)
-        if target is None:
-            target = int(lp_clean[0].argmax())
-        if not 0 <= int(target) < lp_clean.shape[-1]:
-            raise ValueError(f"target {target} is not a token id of this model")
-        m_clean, m_corr = float(lp_clean[0, target]), float(lp_corr[0, target])
-        if m_clean == m_corr:
-            raise ValueError(
-                "the clean and corrupted runs give the target the same log-probability "
-                f"({m_clean:.6g}): restored is undefined; pick another target or corruption"
-            )
-        if direction == "denoising":
-            base_ids, source = corrupted, cache_clean[hook]
-        else:
-            base_ids, source = clean, cache_corr[hook]
-
+        target, corrupted_target = _answers(out_clean, out_corr, target, corrupted_target, metric)
+        answer = (metric, target, corrupted_target)
+        m_clean = float(_scores(out_clean.logits, *answer)[0][0])
+        m_corr = float(_scores(out_corr.logits, *answer)[0][0])
+        denoising = direction == "denoising"
+        base_ids, base_cache = (corrupted, cache_corr) if denoising else (clean, cache_clean)
+        source = (cache_clean if denoising else cache_corr)[hook]
         cells = [(p, s) for p in chosen_positions for s in chosen_steps]
-        # s_i determines everything after step i: a patch at step i resumes from the base run's
-        # cached state (s_i patched, or s_{i−1} for a hook inside iteration i) instead of
-        # recomputing the iterations before it
+        base_out = out_corr if denoising else out_clean
+        patched, logprob = (
+            np.repeat(v.cpu().numpy().astype(float), len(cells))
+            for v in _scores(base_out.logits, *answer)
+        )
+        todo = [i for i, cell in enumerate(cells) if _changes(cell, source, base_cache[hook], hook)]
         resume = reuse_prefix and iterated
-        base_cache = cache_corr if direction == "denoising" else cache_clean
-        base_acts, base_states = base_cache[hook], base_cache.get("core.hook_state")
-        # a patch that puts in what is already there leaves the base run's log-probability
-        patched = np.full(len(cells), m_corr if direction == "denoising" else m_clean)
-        todo = [i for i, cell in enumerate(cells) if _changes(cell, source, base_acts, hook)]
         batches = _batches(cells, todo, int(batch_size), by_step=resume)
-        for index in tqdm(batches, desc="patching", disable=not progress):
+        report, done = _reporter(progress, len(todo), should_stop), 0
+        for index in batches:
+            report(done)
             chunk = [cells[i] for i in index]
             ids = base_ids.expand(len(chunk), -1)
-            if resume and hook == "core.hook_state":
-                step = chunk[0][1]
-                mask = _cell_masks(chunk, length, source.device)[step]
-                state = torch.where(mask, source[step][0], base_acts[step][0])
-                out = model(ids, num_steps=num_steps - step, init_state=state)
-            elif resume:  # iteration `step` becomes the resumed run's first
-                step = chunk[0][1]
-                fn = _patch_hook([(p, 1) for p, _ in chunk], source[step - 1 :], hook, length)
-                state = base_states[step - 1].expand(len(chunk), -1, -1)
-                with model.hooks([(hook, fn)]):
-                    out = model(ids, num_steps=num_steps - step + 1, init_state=state)
-            else:
-                fn = _patch_hook(chunk, source, hook, length)
-                init = run_init(model, length, init_scale, seed, len(chunk))
-                with model.hooks([(hook, fn)]):
-                    out = model(ids, num_steps=num_steps, **init)
-            patched[index] = log_probs(out.logits)[:, target].cpu().numpy()
+            out = _run_patches(model, ids, chunk, source, base_cache, hook, num_steps, resume,
+                               dict(init_scale=init_scale, seed=seed))  # fmt: skip
+            values, lps = _scores(out.logits, *answer)
+            patched[index], logprob[index] = values.cpu().numpy(), lps.cpu().numpy()
+            done += len(index)
+        report(done)
 
     labels = token_labels(model, clean)
-    return pd.DataFrame(
+    return _frame(cells, labels, patched, logprob, (m_clean, m_corr, float(min_gap)), answer)
+
+
+def _run_patches(model, ids, chunk, source, base_cache, hook, num_steps, resume, init_args):
+    """The forward of one batch of patches (batch row b carries the patch of cell ``chunk[b]``)."""
+    length = ids.shape[1]
+    base_acts, base_states = base_cache[hook], base_cache.get(STATE)
+    if resume and hook == STATE:
+        # s_i determines everything after step i: resume from the base run's patched s_i
+        step = chunk[0][1]
+        mask = _cell_masks(chunk, length, source.device)[step]
+        state = torch.where(mask, source[step][0], base_acts[step][0])
+        return model(ids, num_steps=num_steps - step, init_state=state)
+    if resume:  # iteration `step` becomes the resumed run's first, from the base run's s_{step−1}
+        step = chunk[0][1]
+        fn = _patch_hook([(p, 1) for p, _ in chunk], source[step - 1 :], hook, length)
+        state = base_states[step - 1].expand(len(chunk), -1, -1)
+        with model.hooks([(hook, fn)]):
+            return model(ids, num_steps=num_steps - step + 1, init_state=state)
+    fn = _patch_hook(chunk, source, hook, length)
+    init = run_init(model, length, init_args["init_scale"], init_args["seed"], len(chunk))
+    with model.hooks([(hook, fn)]):
+        return model(ids, num_steps=num_steps, **init)
+
+
+def _frame(cells, labels, patched, logprob, unpatched, answer) -> pd.DataFrame:
+    """The output frame (see `patch_states`); restored is NaN when the gap is exactly 0."""
+    metric, target, corrupted_target = answer
+    m_clean, m_corr, min_gap = unpatched
+    gap = m_clean - m_corr
+    restored = (patched - m_corr) / gap + 0.0 if gap != 0 else np.full(len(cells), np.nan)
+    frame = pd.DataFrame(
         {
             "position": [p for p, _ in cells],
             "step": [-1 if s is None else s for _, s in cells],
             "token": ["(all)" if p < 0 else labels[p] for p, _ in cells],
-            "restored": (patched - m_corr) / (m_clean - m_corr) + 0.0,  # no -0.0
-            "logprob": patched,
+            "restored": restored,  # + 0.0: no -0.0
+            "patched": patched,
+            "clean": m_clean,
+            "corrupted": m_corr,
+            "logprob": logprob,
+            "gap_too_small": abs(gap) < min_gap,
         }
     )
+    frame.attrs.update(
+        metric=metric, target=target, corrupted_target=corrupted_target, gap=gap, min_gap=min_gap
+    )
+    return frame
+
+
+@dataclass(frozen=True)
+class PatchingPair:
+    """Token ids of a clean and a corrupted prompt and their one-token answers (``patch_states``'
+    ``target`` and ``corrupted_target``)."""
+
+    clean_ids: tuple[int, ...]
+    corrupted_ids: tuple[int, ...]
+    target: int
+    corrupted_target: int
+    prompts: PromptPair
+
+
+def patching_pair(model, pair: PromptPair = DEFAULT_PATCHING_PAIR) -> PatchingPair:
+    """``pair`` encoded with the model's tokenizer; its answers must be one token each and the two
+    prompts the same number of tokens (the default: "3 + 4 = " against "3 + 2 = ", answers 7 and 5).
+    """
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError("a patching pair is text: it needs a model with a tokenizer")
+    clean, corrupted = tok.encode(pair.clean), tok.encode(pair.corrupted)
+    if len(clean) != len(corrupted):
+        raise ValueError(
+            f"{pair.clean!r} and {pair.corrupted!r} are {len(clean)} and {len(corrupted)} tokens: "
+            "patching needs prompts that align token by token"
+        )
+    answers = []
+    for text in (pair.answer, pair.corrupted_answer):
+        ids = tok.encode(text, add_bos=False)
+        if len(ids) != 1:
+            raise ValueError(f"the answer {text!r} is {len(ids)} tokens; it must be one token")
+        answers.append(int(ids[0]))
+    return PatchingPair(tuple(clean), tuple(corrupted), answers[0], answers[1], pair)
