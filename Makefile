@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_REQUIREMENT ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint format app bench clean-venv browser notebooks
+.PHONY: setup test test-fast lint format app bench clean-venv browser notebooks
 
 setup: $(STAMP)
 
@@ -25,6 +25,11 @@ format: setup
 
 test: setup lint browser
 	$(PY) -m pytest
+
+# The edit-test loop: every test but those marked slow (multi-rank runs, notebooks, the browser test,
+# corpus builds); `make test` still runs them all.
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
 
 # Debian's Chromium for the browser end-to-end test (installed only when missing).
 browser:

@@ -14,6 +14,8 @@ import pytest
 
 from apps.serve import CHROMIUM, CHROMIUM_ARGS, free_port, start_streamlit, stop, wait_healthy
 
+pytestmark = pytest.mark.slow  # a real browser against `streamlit run`
+
 CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
 
 

@@ -103,6 +103,7 @@ def test_unknown_size_is_an_error():
         starter_documents("huge", seed=0)
 
 
+@pytest.mark.slow
 def test_prepare_starter_records_hash_and_stats(tmp_path):
     config = DataConfig(starter_size="tiny", vocab_size=512, block_size=64, seed=0)
     prepared = prepare_data(config, tmp_path, progress=False)
@@ -118,6 +119,7 @@ def test_prepare_starter_records_hash_and_stats(tmp_path):
     assert other.corpus_hash != prepared.corpus_hash
 
 
+@pytest.mark.slow
 def test_medium_keeps_every_stdlib_file_and_is_mostly_code():
     docs = starter_documents("medium", seed=0)
     code = [d for d in docs if d.kind == "stdlib"]

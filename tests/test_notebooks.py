@@ -27,6 +27,7 @@ def test_notebook_is_stored_without_outputs(name):
             assert cell.outputs == [] and cell.execution_count is None, "strip the outputs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom(name):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 WORKER = r"""
@@ -86,6 +88,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_three_ranks_with_empty_shards_match_one_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER, encoding="utf-8")

@@ -140,10 +140,12 @@ def assert_lock_step_identical_disjoint(out: Path, reports: list[dict]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_ddp_two_ranks_lock_step_identical_parameters_disjoint_data(ddp_run):
     assert_lock_step_identical_disjoint(*ddp_run)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_bucketed_two_ranks_train_like_ddp(tiny, ddp_run):
     root, config = tiny
@@ -165,6 +167,7 @@ def losses(run: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_fsdp_trains_like_ddp_and_resumes(tiny, ddp_run):
     """FSDP2 (fully_shard per block): 2 steps, a new job with --resume for 2 more (sharded moments

@@ -186,6 +186,7 @@ def _two_rank_build(rank: int, store: str, results) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_meta_build_gives_todays_weights_on_two_gloo_ranks(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(_two_rank_build, args=(str(tmp_path / "store"), results), nprocs=2, join=True)
