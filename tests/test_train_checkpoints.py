@@ -216,14 +216,14 @@ def test_trainer_state_per_rank_stays_small_at_4096_ranks(tmp_path, capsys):
     shared = {"step": 1000, "world_size": world, "config": {"train": {}}, "schedule": {}}
     ck.write_state_json(tmp_path, shared)
     shared_bytes = (tmp_path / ck.STATE_JSON).stat().st_size
-    print(
-        f"trainer state at {world} ranks: {per_rank} bytes per rank file (each rank reads 1), "
-        f"{shared_bytes} bytes shared; one file with every rank's would be "
-        f"{per_rank * world / 2**20:.1f} MiB read by every rank"
-    )
+    with capsys.disabled():  # the measurement, printed in every run of the test
+        print(
+            f"\ntrainer state at {world} ranks: {per_rank} bytes per rank file (each rank reads "
+            f"its own), {shared_bytes} bytes shared; one file with every rank's would be "
+            f"{per_rank * world / 2**20:.1f} MiB, read by every rank"
+        )
     assert per_rank < 2**20
     assert "ranks" not in json.loads((tmp_path / ck.STATE_JSON).read_text())
-    assert "trainer state at 4096 ranks" in capsys.readouterr().out
 
 
 # Allocator, out-of-memory, profiler ---------------------------------------------------------------
