@@ -215,7 +215,6 @@ def resume_copy(source: Path, step: int, target: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_hsdp_two_nodes_of_two_trains_like_ddp(tiny):
     root, config = tiny
     common = ("--set", "train.max_steps=3")
@@ -248,7 +247,6 @@ def test_hsdp_two_nodes_of_two_trains_like_ddp(tiny):
         assert s["transformer.prelude.0"] == 2, s
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
     """3 ranks fsdp -> 2 ranks fsdp -> 3 ranks bucketed (ZeRO-1): DCP re-slices every tensor."""
@@ -296,7 +294,6 @@ def test_fsdp_saved_on_3_resumes_on_2_and_back_on_3(tiny):
         assert_no_pickle(run / "checkpoints")
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", ["every rank", "one rank of 2"])
 def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path, killed):
@@ -347,7 +344,6 @@ def test_kill_9_during_async_save_leaves_latest_loadable(tiny, tmp_path, killed)
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_async_write_failure_on_one_rank_is_not_published(tiny, tmp_path):
     """Rank 1's write of the step-4 shards fails in the background: neither rank publishes it,
     ``latest`` stays on step 2, the run stops with a named error and a non-zero exit."""
@@ -380,7 +376,6 @@ def test_async_write_failure_on_one_rank_is_not_published(tiny, tmp_path):
         assert len(stagers) == 2 and len(set(stagers)) == 1 and "DefaultStager" in stagers[0]
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_sigusr1_to_one_rank_checkpoints_and_stops_every_rank(tiny, tmp_path):
     """SIGUSR1 reaches rank 1 only (as when a scheduler signals one task): the ranks agree through
