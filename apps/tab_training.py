@@ -11,8 +11,9 @@ import streamlit as st
 
 from workbench import figures
 from workbench.checkpoint_series import checkpoint_dirs
+from workbench.figures import stability as stability_figures
 
-from . import compute
+from . import compute, stability_compute
 from .inputs import InputError, resolve_checkpoint
 from .ui import Context, chart, table_download
 
@@ -46,3 +47,10 @@ def render(ctx: Context) -> None:
     chart(figures.loss_by_depth_figure(frame), "series_depth")
     st.dataframe(frame, hide_index=True, key="series_table")
     table_download(frame, "checkpoint_series")
+    stability = "λ_1 and the share of stable tokens per checkpoint (slower)"
+    if st.toggle(stability, key="series_stability"):
+        stable = stability_compute.series_stability(
+            str(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
+            compute.series_signature(run_dir),
+        )  # fmt: skip
+        chart(stability_figures.stability_series_figure(stable), "series_stability_fig")

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from recurrent_model.standin import fallback_model
+
 APP = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
 FIGURES = {"stab_eigen", "stab_running", "stab_distance", "stab_lyapunov", "stab_attribution"}
 
@@ -28,3 +30,23 @@ def test_stability_tab_estimates_then_shows_the_token_analysis():
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert FIGURES <= {c.key for c in at.get("plotly_chart")}
     assert any("λ_1 =" in m.value for m in at.markdown)
+
+
+def test_training_tab_shows_lambda_1_per_checkpoint_on_request(tmp_path):
+    run = tmp_path / "run"
+    for step, seed in ((10, 1), (20, 2)):
+        fallback_model(seed=seed).save_pretrained(run / "checkpoints" / f"step-{step:07d}")
+    at = AppTest.from_file(APP, default_timeout=240).run()
+    at.number_input(key="steps").set_value(16)
+    at.text_input(key="seeds").set_value("0, 1")
+    at.text_area(key="prompt").set_value("def add(a, b):")
+    at.session_state["view"] = "Training"
+    at.run()
+    at.text_input(key="series_dir").set_value(str(run))
+    at.toggle(key="series_go").set_value(True)
+    at.run()
+    assert "series_stability_fig" not in {c.key for c in at.get("plotly_chart")}
+    at.toggle(key="series_stability").set_value(True)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "series_stability_fig" in {c.key for c in at.get("plotly_chart")}
