@@ -257,10 +257,13 @@ class CheckpointDirectory:
         return sorted(found)
 
     def latest(self) -> Path | None:
-        """The checkpoint ``latest`` names (None when there is none yet)."""
+        """The checkpoint ``latest`` names (None when there is none yet). Without the pointer (a
+        kill between the rename into place and the pointer's write) the newest complete
+        checkpoint: a directory is renamed into place only once complete."""
         pointer = self.root / LATEST
         if not pointer.is_file():
-            return None
+            steps = self.steps()
+            return self.path(steps[-1]) if steps else None
         name = pointer.read_text(encoding="utf-8").strip()
         path = self.root / name
         if not STEP_DIR.match(name) or not (path / STATE_JSON).is_file():

@@ -297,3 +297,14 @@ def test_a_failed_publish_leaves_latest_and_stops_with_a_named_error(tiny, tmp_p
     assert (ckpts / ck.LATEST).read_text().strip() == "step-0000002"
     assert ck.CheckpointDirectory(ckpts).steps() == [2]
     assert not any(p.name.startswith(".step-0000004") for p in ckpts.iterdir())
+
+
+def test_latest_without_its_pointer_is_the_newest_complete_checkpoint(tmp_path):
+    directory = ck.CheckpointDirectory(tmp_path)
+    assert directory.latest() is None
+    for step in (2, 4):
+        fake_checkpoint(directory, step)
+    (tmp_path / ".step-0000006.tmp-1-deadbeef").mkdir()  # an unfinished write is not complete
+    assert directory.latest() == directory.path(4)
+    (tmp_path / ck.LATEST).write_text("step-0000002\n")
+    assert directory.latest() == directory.path(2)
