@@ -215,7 +215,9 @@ def _host_rows(
         else ("sync: each rank holds at most what it writes")
     )
     export_every = getattr(config.train, "export_every", 1)
-    cadence = f"every {export_every} checkpoints" if export_every else "at the end only"
+    cadence = {0: "at the end only", 1: "every checkpoint"}.get(
+        export_every, f"every {export_every} checkpoints"
+    )
     return [
         HostRow(
             "host memory per node, building",
