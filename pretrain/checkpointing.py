@@ -291,14 +291,16 @@ class CheckpointDirectory:
         return target
 
     def prune(self) -> list[int]:
-        """Delete all but the newest ``keep_last`` checkpoints (never the one ``latest`` names),
-        and leftovers of interrupted writes (never a staging directory being written)."""
+        """Delete all but the newest ``keep_last`` checkpoints (never the one ``latest`` names,
+        nor the newest exported one, which ``load_model`` opens), and leftovers of interrupted
+        writes (never a staging directory being written)."""
         pointer = self.root / LATEST
         keep_name = pointer.read_text().strip() if pointer.is_file() else ""
         steps = self.steps()
+        exported = [step for step in steps if is_exported(self.path(step))]
         removed = []
         for step in steps[: max(0, len(steps) - self.keep_last)]:
-            if step_name(step) == keep_name:
+            if step_name(step) == keep_name or (exported and step == exported[-1]):
                 continue
             shutil.rmtree(self.path(step), ignore_errors=True)
             removed.append(step)

@@ -308,3 +308,13 @@ def test_latest_without_its_pointer_is_the_newest_complete_checkpoint(tmp_path):
     assert directory.latest() == directory.path(4)
     (tmp_path / ck.LATEST).write_text("step-0000002\n")
     assert directory.latest() == directory.path(2)
+
+
+def test_pruning_keeps_the_newest_exported_checkpoint(tmp_path):
+    directory = ck.CheckpointDirectory(tmp_path, keep_last=2)
+    for step in (2, 4, 6, 8, 10):
+        fake_checkpoint(directory, step)
+    (directory.path(4) / ck.SINGLE_FILE).write_bytes(b"")  # exported
+    (tmp_path / ck.LATEST).write_text("step-0000010\n")
+    assert directory.prune() == [2, 6]
+    assert directory.steps() == [4, 8, 10]
