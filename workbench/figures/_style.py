@@ -55,11 +55,12 @@ def step_path(
     )
 
 
-def sequential_colours(n: int, scale: str = STEP_COLORSCALE) -> list[str]:
-    """``n`` colours evenly along a sequential scale, first to last (early to late)."""
+def sequential_colours(n: int, scale: str = STEP_COLORSCALE, span: float = 0.85) -> list[str]:
+    """``n`` colours evenly along the first ``span`` of a sequential scale (Viridis' palest yellow
+    left out: it vanishes on plotly's light background), first to last."""
     if n <= 0:
         return []
-    return sample_colorscale(scale, [0.5] if n == 1 else [i / (n - 1) for i in range(n)])
+    return sample_colorscale(scale, [0.5] if n == 1 else [span * i / (n - 1) for i in range(n)])
 
 
 def short_number(value: float) -> str:

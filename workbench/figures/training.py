@@ -57,7 +57,7 @@ def _loss_panel(fig: go.Figure, frame: pd.DataFrame) -> None:
             1, 1, secondary_y=True,
         )  # fmt: skip
         fig.update_yaxes(title_text="training loss (logged)", row=1, col=1, secondary_y=True,
-                         showgrid=False)  # fmt: skip
+                         showgrid=False, tickmode="auto", nticks=5, tickformat=".3~g")  # fmt: skip
 
 
 def checkpoint_series_figure(frame: pd.DataFrame) -> go.Figure:
@@ -102,8 +102,8 @@ def checkpoint_series_figure(frame: pd.DataFrame) -> go.Figure:
     )  # fmt: skip
     steps = [int(s) for s in per_step["step"]]
     fig.update_layout(barmode="stack", height=720, title="dynamics across training",
-                      margin=dict(b=110))  # fmt: skip
-    fig.add_annotation(text=LOSS_NOTE, xref="paper", yref="paper", x=0, y=-0.16, showarrow=False,
+                      margin=dict(b=120), legend=dict(traceorder="grouped"))  # fmt: skip
+    fig.add_annotation(text=LOSS_NOTE.replace("; ", ";<br>", 1), xref="paper", yref="paper", x=0, y=-0.16, showarrow=False,
                        xanchor="left", font=dict(size=11, color="#555"))  # fmt: skip
     for row, col in ((1, 1), (1, 2), (2, 1), (2, 2)):
         fig.update_xaxes(_step_ticks(steps), row=row, col=col)
@@ -121,7 +121,7 @@ def loss_by_depth_figure(frame: pd.DataFrame) -> go.Figure:
     steps = sorted(frame["step"].unique())
     depths = sorted(int(d) for d in frame["depth"].unique())
     fig = go.Figure()
-    for colour, step in zip(sequential_colours(len(steps), "Viridis_r"), steps):
+    for colour, step in zip(sequential_colours(len(steps))[::-1], steps):
         part = frame[frame["step"] == step].sort_values("depth")
         fig.add_trace(
             go.Scatter(
