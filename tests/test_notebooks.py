@@ -51,6 +51,11 @@ assert per_step["kl_to_final"].loc[8] < 1e-2, "the prose says KL < 0.01 within a
 gap = float(patched["clean"].iloc[0] - patched["corrupted"].iloc[0])
 assert abs(gap) >= 1.0, f"the default pair's clean/corrupted gap is only {gap:.3g}"
 assert not patched["gap_too_small"].any()
+early = by_position.loc[:, by_position.columns <= STEPS // 2]
+assert early.abs().to_numpy().max() < 0.05, "the prose says early patches restore nothing"
+assert by_position[STEPS].max() > 0.3, "the prose says the last steps restore part of the gap"
+assert (sweep["top_token"] == sweep["top_token"].iloc[0]).all() and sweep["kl"].max() < 0.05
+assert result.percentile >= 95 and result.effect > 10 * result.control_mean
 """,
     "training_dynamics.ipynb": """
 steps = sorted(series["step"].unique())
