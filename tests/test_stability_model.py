@@ -108,7 +108,22 @@ def test_explain_dynamics_reports_every_requested_token(model, ids):
     )
     assert list(frame["position"]) == list(range(len(ids)))
     assert frame["fixed_point_found"].all() and (frame["spectral_radius"] < 1).all()
-    assert set(frame["mechanism"]) <= {"stable", "flip", "rotation", "slider", "unstable"}
+    assert set(frame["mechanism"]) <= {"stable", "flip", "rotation", "slider", "unstable", "driven"}
+
+
+@pytest.mark.slow
+def test_an_early_checkpoints_flip_sits_on_an_unstable_fixed_point():
+    early = CHECKPOINT / "series" / "step-0000300"
+    if not (early / "config.json").is_file():
+        pytest.skip("checkpoints/default/series is not present")
+    model = rm.load_model(early).float().eval()  # stored in bfloat16; analysed in float32
+    ids = model.tokenizer.encode("def clamp(value, low, high):")[:13]
+    frame = workbench.explain_dynamics(model, ids, 128, k=4).set_index("position")
+    source = frame.loc[10]  # the first flipping token
+    assert source["kind"] == "orbit" and source["flip"] and source["mechanism"] == "flip"
+    assert source["fixed_point_found"] and not source["stable"] and source["eig_real"] < -1
+    assert (frame.loc[11:, "mechanism"] == "driven").all()
+    print(f"token 10 flips around an unstable fixed point, eigenvalue {source['eig_real']:.3f}")
 
 
 def test_bad_input_is_a_clear_error(model, ids):

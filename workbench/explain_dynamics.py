@@ -9,7 +9,8 @@ its Jacobian block there are read (Arnoldi). The classifier's verdict is then ma
 - a slider: an eigenvalue near +1 (a line of near-fixed points).
 
 A token whose fixed point is stable, or that has none within ``max_iter`` passes, is said to be so: its
-orbit is then not born from that point (another attractor, or a long transient).
+orbit is then not born from that point (another attractor, or a long transient). A moving token with a
+stable block after an unstable token is "driven": causal attention passes the earlier motion on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from .spectrum import leading_eigenvalues
 SLIDER_TOL = 0.05
 #: |Im λ| / |λ| below this makes an eigenvalue real.
 REAL_TOL = 1e-6
+#: Mechanisms that move a token by themselves (and, through attention, the tokens after it).
+UNSTABLE = ("flip", "rotation", "slider", "unstable")
 
 
 def classify_eigenvalue(value: complex) -> str:
@@ -112,7 +115,7 @@ def explain_dynamics(
     Columns ``position``, ``token``, ``kind``, ``flip``, ``measured_period``, ``fixed_point_found``,
     ``residual``, ``fixed_point_passes``, ``distance_from_final`` (‖s* − s_r‖/‖s_r‖), ``stable``
     (NaN without a fixed point), ``spectral_radius``, ``mechanism`` (flip, rotation, slider, unstable,
-    stable, or "no fixed point"), ``eig_real``, ``eig_imag``, ``eig_modulus``, ``eig_angle``,
+    stable, driven: stable itself but after an unstable token, or "no fixed point"), ``eig_real``, ``eig_imag``, ``eig_modulus``, ``eig_angle``,
     ``predicted_period`` (2π/|angle| for a complex eigenvalue) and ``note``, a sentence.
     """
     ids = as_batch(input_ids)
@@ -131,7 +134,29 @@ def explain_dynamics(
             continue
         info = explain_token(core, context, int(position), k, tol, max_iter)
         rows.append(_row(int(position), labels[int(position)], verdict, info))
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return mark_driven(pd.DataFrame(rows, columns=COLUMNS))
+
+
+def mark_driven(frame: pd.DataFrame) -> pd.DataFrame:
+    """A moving token whose own fixed point is stable, after a token that is not: ``driven``.
+
+    Attention is causal, so an earlier token's flip or rotation reaches every later position; a
+    later token with a stable block of its own moves because its input moves.
+    """
+    sources = frame.index[frame["mechanism"].isin(UNSTABLE)]
+    for i in frame.index:
+        row = frame.loc[i]
+        earlier = [
+            int(frame.at[j, "position"])
+            for j in sources
+            if frame.at[j, "position"] < row["position"]
+        ]
+        if row["mechanism"] == "stable" and row["kind"] != "fixed_point" and earlier:
+            frame.at[i, "mechanism"] = "driven"
+            frame.at[i, "note"] = (
+                f"its own fixed point is stable: it is driven by the unstable token {earlier[0]} before it"
+            )
+    return frame
 
 
 COLUMNS = [
