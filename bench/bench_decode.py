@@ -55,8 +55,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
-from recurrent_model.cached_forward import CachedForward  # noqa: E402
-from recurrent_model.compiled import CompiledDecode  # noqa: E402
+from recurrent_model import hook_names  # noqa: E402
+from recurrent_model.cached_forward import ChunkRunner  # noqa: E402
+from recurrent_model.compiled import CompiledDecode, compile_state  # noqa: E402
 from recurrent_model.functional import linear  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -105,7 +106,7 @@ def best_interleaved(repeats: int, methods: dict[str, Callable[[], Result]]) -> 
 
 
 def with_hook(model: rm.RecurrentLM, ids: torch.Tensor) -> Result:
-    with model.hooks([("core.hook_state", lambda x, hook: None)]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
         return timed_generate(model, ids)
 
 
@@ -203,7 +204,7 @@ def prefill_runner(model: rm.RecurrentLM, ids: torch.Tensor, steps: int,
     """One cached chunk over the whole prompt (what generate's prefill runs), eager or compiled."""
     B, T = ids.shape
     cache = rm.KVCache(model.config, B, T, steps, device=model.device, dtype=model.dtype)
-    runner = CachedForward(model, cache)
+    runner = ChunkRunner(model, cache)
     decode = CompiledDecode(model, cache, steps) if compiled else None
     state = torch.zeros(B, T, model.config.n_embd, dtype=model.dtype)
 
@@ -212,12 +213,7 @@ def prefill_runner(model: rm.RecurrentLM, ids: torch.Tensor, steps: int,
         if decode is not None:
             decode(ids, 0, state)
             return
-        runner.begin(0, T)
-        e = runner.prelude(ids)
-        s = state
-        for i in range(1, steps + 1):
-            s = runner.core_step(s, e, i)
-        runner.coda(s, last_only=True)
+        runner.run(ids, 0, steps, lambda e: state)
 
     return once
 
@@ -368,7 +364,36 @@ def bench_huginn_shape(tokens: int) -> None:
           f"{out[0, 8:].tolist()}")  # fmt: skip
 
 
-def main() -> None:
+def report_floors(model: rm.RecurrentLM, results: dict[str, Result], repeats: int) -> None:
+    """The weight floors of one token, the compiled decode's share of the read floor, the published
+    rate (when it ran), and the product chosen per projection shape, all from this run."""
+    floor = matvec_floor(model, STEPS, repeats)
+    rate = results["KV cache, compiled (compile=True)"][1]
+    nbytes = floor["bytes"]
+    print(f"one token's {nbytes / 1e6:.1f} MB of weights: torch's matrix-vector products alone "
+          f"{1e3 * floor['torch']:.2f} ms ({1 / floor['torch']:.0f} tokens/s), the sum-written "
+          f"products alone {1e3 * floor['compiled']:.2f} ms ({1 / floor['compiled']:.0f} tokens/s), "
+          f"a torch.sum read of each weight {1e3 * floor['read']:.2f} ms "
+          f"({1 / floor['read']:.0f} tokens/s, {nbytes / floor['read'] / 1e9:.1f} GB/s)")  # fmt: skip
+    print(f"weight-read floor {1 / floor['read']:.0f} tokens/s; compiled decode {rate:.0f} tokens/s "
+          f"({1e3 / rate:.2f} ms per token) = {rate * floor['read']:.1%} of the read floor "
+          f"(goal >= 90%), {rate * floor['torch']:.1%} of the torch-products floor, "
+          f"{rate * floor['compiled']:.1%} of the sum-written-products floor")  # fmt: skip
+    published = results.get("published generate_minimal")
+    if published is not None:
+        print(f"published generate_minimal {published[1]:.0f} tokens/s: ours compiled "
+              f"{rate / published[1]:.1f}x; the read floor is {1 / floor['read'] / published[1]:.1f}x "
+              "the published rate")  # fmt: skip
+    else:
+        print("published implementation not run (no --published-python / --published-src)")
+    for (shape, dtype), timing in sorted(compile_state(model).products.items(), key=str):
+        pick = "matvec" if timing["matvec"] < timing["sum"] else "sum-written"
+        print(f"  projection {shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')}: "
+              f"sum-written {1e6 * timing['sum']:.1f} us, torch matvec {1e6 * timing['matvec']:.1f} "
+              f"us -> {pick}")  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -397,7 +422,11 @@ def main() -> None:
         metavar="TOKENS",
         help="also decode TOKENS bf16 tokens of the 3.5B shape (about 8 GB)",
     )
-    args = parser.parse_args()  # fmt: skip
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     torch.manual_seed(0)
@@ -443,23 +472,7 @@ def main() -> None:
     )
     print(f"speed-up relative to: {base}; 'same' = identical tokens to full re-computation")
     print_table(results, base, results["full re-computation (no cache)"][3])
-    floor = matvec_floor(model, STEPS, args.repeats)
-    rate = results["KV cache, compiled (compile=True)"][1]
-    nbytes = floor["bytes"]
-    print(f"one token's {nbytes / 1e6:.1f} MB of weights: torch's matrix-vector products alone "
-          f"{1e3 * floor['torch']:.2f} ms ({1 / floor['torch']:.0f} tokens/s), the compiled decode's "
-          f"sum-written products alone {1e3 * floor['compiled']:.2f} ms ({1 / floor['compiled']:.0f} "
-          f"tokens/s, {nbytes / floor['compiled'] / 1e9:.1f} GB/s), a torch.sum read of each weight "
-          f"{1e3 * floor['read']:.2f} ms ({1 / floor['read']:.0f} tokens/s, "
-          f"{nbytes / floor['read'] / 1e9:.1f} GB/s)")  # fmt: skip
-    print(f"compiled decode ({1e3 / rate:.2f} ms per token) runs at {rate * floor['torch']:.1%} of the "
-          f"torch floor, {rate * floor['compiled']:.1%} of the compiled-products floor and "
-          f"{rate * floor['read']:.1%} of the read floor")  # fmt: skip
-    if published is not None:
-        need = 10 * results["published generate_minimal"][1]
-        print(
-            f"10x the published rate = {need:.0f} tokens/s = {nbytes * need / 1e9:.1f} GB/s of weight reads"
-        )
+    report_floors(model, results, args.repeats)
     kb = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS).memory_bytes
     kb4 = rm.KVCache(model.config, 1, PROMPT + NEW, STEPS, 4).memory_bytes
     print(f"KV cache memory: full {kb / 2**20:.2f} MiB, budget 4: {kb4 / 2**20:.2f} MiB")

@@ -21,6 +21,7 @@ import time
 import torch
 
 import recurrent_model as rm
+from recurrent_model import hook_names
 
 
 def best_time(fn, repeats: int) -> float:
@@ -81,7 +82,7 @@ def forward_efficiency(h: int, tokens: int, steps: int, repeats: int) -> dict:
     with torch.no_grad():
         fwd = best_time(lambda: model(ids, num_steps=steps), repeats)
         rec = best_time(
-            lambda: model.run_with_cache(ids, num_steps=steps, names_filter="core.hook_state"),
+            lambda: model.run_with_cache(ids, num_steps=steps, names_filter=hook_names.STATE),
             repeats,
         )
         fwd_again = best_time(lambda: model(ids, num_steps=steps), repeats)

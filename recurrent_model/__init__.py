@@ -5,7 +5,7 @@ from .atomic_io import atomic_directory
 from .checkpoint import CheckpointError, load_model
 from .config import PRESETS, ConfigError, RecurrentConfig, preset
 from .depth import Depth, sample_depth, split_depth
-from .diffusion import DiffusionOutput
+from .diffusion import DiffusionConfig, DiffusionOutput
 from .generation import GenerationConfig, GenerationOutput
 from .hooks import ActivationCache, Hook, HookError, HookPoint
 from .kv_cache import KVCache, KVCacheTooLarge
@@ -20,6 +20,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "Depth",
+    "DiffusionConfig",
     "DiffusionOutput",
     "GenerationConfig",
     "GenerationOutput",

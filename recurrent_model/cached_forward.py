@@ -1,49 +1,45 @@
-"""The pieces of a RecurrentLM forward pass run over a :class:`KVCache`, one chunk of positions at a time.
+"""The chunk runner: the forward recipe over a :class:`KVCache`, one chunk of positions at a time.
 
-Two paths with the same arithmetic (both call :mod:`recurrent_model.functional`, so their results are
-bit-identical):
-- fast: the functional layers called directly on the weights, unpacked once, with no module or hook
-  dispatch, because Python overhead per call dominates small models;
-- hooked: the model's own ``prelude`` / ``core_step`` / ``coda`` with cache slots, chosen automatically
-  whenever a hook function is attached so that interventions apply during generation.
+A chunk is ``begin`` (its positions) → ``prelude`` → ``iterate`` (s_0 … s_r, as many iterations as
+wanted) → ``coda``; :meth:`ChunkRunner.run` does all four. Generation and the diffusion sampler drive
+their chunks through it. The arithmetic is :mod:`recurrent_model.stack`'s, with the model's hook points
+passed whenever a hook function is attached (so that interventions apply during generation) and
+without them otherwise (no hook dispatch: Python overhead per call dominates small models); both
+run the same ops, so their results are bit-identical.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from . import functional as fn
-from .kv_cache import CacheSlot, KVCache
+from . import stack
+from .kv_cache import KVCache
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
 
+#: Called after each core iteration with (state, step); a chunk's per-step bookkeeping.
+StepCallback = Callable[[torch.Tensor, int], None]
 
-class CachedForward:
+
+class ChunkRunner:
     """Embedding, prelude, core iterations and coda of ``model`` reading and writing ``cache``.
 
-    Call :meth:`begin` with the chunk's first position and length, then :meth:`prelude`,
-    :meth:`inject`, :meth:`core_step` (as often as wanted) and :meth:`coda`.
+    ``hooked`` (default: whether the model has hooks attached now) passes the model's hook points.
     """
 
     def __init__(self, model: RecurrentLM, cache: KVCache, hooked: bool | None = None) -> None:
         cfg = model.config
-        self.model = model
-        self.cache = cache
+        self.model, self.cache = model, cache
         self.hooked = model.has_hooks() if hooked is None else hooked
-        self.h, self.eps = cfg.n_embd, cfg.norm_eps
-        t = model.transformer
-        n_coda = len(t.coda)
-        self.prelude_layers = [(b.weights(), cache.slot(i)) for i, b in enumerate(t.prelude)]
-        self._core_weights = [b.weights() for b in t.core_block]
-        self._core_layers: dict[int, list[tuple[fn.BlockWeights, CacheSlot]]] = {}
-        self.coda_layers = [(b.weights(), cache.slot(k - n_coda)) for k, b in enumerate(t.coda)]
-        self.adapter = t.adapter.weight
-        self.wte = t.wte.weight
-        self.head = model.lm_head.weight
-        self.ln_f = t.ln_f.weight
+        self.hooks = model.stack_hooks if self.hooked else None
+        self.weights = stack.LayerStack.of(model)
+        self.slots = stack.CacheSlots(
+            cache, cfg.n_layers_in_prelude, cfg.n_layers_in_recurrent_block, cfg.n_layers_in_coda
+        )
         self._rope = model.rope_at(0, 1)
 
     def begin(self, start: int, length: int) -> None:
@@ -51,52 +47,53 @@ class CachedForward:
         self._rope = self.model.rope_at(start, length)
         self.cache.begin(start, length)
 
-    def core_layers(self, step: int) -> list[tuple[fn.BlockWeights, CacheSlot]]:
-        """Weights and cache slot of every core layer at 1-based iteration ``step`` (built once)."""
-        layers = self._core_layers.get(step)
-        if layers is None:
-            c = self.cache
-            slots = [c.slot(c.n_prelude + c.n_core * (step - 1) + j) for j in range(c.n_core)]
-            layers = self._core_layers[step] = list(zip(self._core_weights, slots))
-        return layers
-
-    def _layers(self, x: torch.Tensor, layers: list[tuple[fn.BlockWeights, CacheSlot]]):
-        for weights, slot in layers:
-            x = fn.sandwich_block(x, weights, self._rope, self.eps, slot)
-        return x
-
-    # The pieces ---------------------------------------------------------------------------------
     def prelude(self, input_ids: torch.Tensor) -> torch.Tensor:
         """e = Prelude(sqrt(h) · Embedding(ids)) for the chunk, (B, T, h)."""
-        m = self.model
-        if self.hooked:
-            return m.prelude(m.embed(input_ids), self._rope, self.cache)
-        return self._layers(fn.embed(input_ids, self.wte, m.emb_scale), self.prelude_layers)
-
-    def inject(self, e: torch.Tensor) -> torch.Tensor:
-        """What every core step needs from e (e itself: the adapter reads concat[s, e])."""
-        return e
+        w, hooks = self.weights, self.hooks
+        x = stack.embed(w, input_ids, hooks)
+        return stack.prelude(w, x, self._rope, self.slots.prelude, hooks)
 
     def start_state(self, state: torch.Tensor) -> torch.Tensor:
-        """s_0 of the chunk (passes ``core.hook_state`` at step 0 on the hooked path)."""
-        return self.model.hook_state(state, 0) if self.hooked else state
+        """s_0 of the chunk (passes ``core.hook_state`` at step 0 when hooked)."""
+        return self.hooks.state(state, 0) if self.hooks is not None else state
 
-    def core_step(self, state: torch.Tensor, injected: torch.Tensor, step: int) -> torch.Tensor:
+    def core_step(self, state: torch.Tensor, e: torch.Tensor, step: int) -> torch.Tensor:
         """s_step from s_{step−1} (step 1-based, at most the cache's max_steps)."""
-        if self.hooked:
-            return self.model.core_step(state, injected, self._rope, step, self.cache)
-        x = fn.adapter(state, injected, self.adapter)
-        return self._layers(x, self.core_layers(step))
+        slots = self.slots.core(step)
+        return stack.core_step(self.weights, state, e, self._rope, step, slots, self.hooks)
+
+    def iterate(
+        self,
+        state: torch.Tensor,
+        e: torch.Tensor,
+        steps: int,
+        after_step: StepCallback | None = None,
+    ) -> torch.Tensor:
+        """s_steps from s_0 = ``state``; ``after_step(s_i, i)`` after each iteration where given."""
+        state = self.start_state(state)
+        for i in range(1, steps + 1):
+            state = self.core_step(state, e, i)
+            if after_step is not None:
+                after_step(state, i)
+        return state
 
     def coda(
         self, state: torch.Tensor, last_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(float32 logits, latents = ln_f(state)); logits of the last position only if asked."""
-        if self.hooked:
-            logits, latents = self.model.coda(state, self._rope, self.cache)
-            return (logits[:, -1:] if last_only else logits), latents
-        latents = fn.rms_norm(state, self.ln_f, self.eps)
-        x = self._layers(latents, self.coda_layers)
-        if last_only:
-            x = x[:, -1:]
-        return fn.lm_head(x, self.ln_f, self.head, self.eps), latents
+        return stack.coda(self.weights, state, self._rope, self.slots.coda, self.hooks, last_only)
+
+    def run(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        steps: int,
+        initial: Callable[[torch.Tensor], torch.Tensor],
+        last_only: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One whole chunk: ``ids`` (B, T) at positions start…, s_0 = ``initial(e)``, ``steps``
+        iterations, then the coda: (logits, latents)."""
+        self.begin(start, ids.shape[1])
+        e = self.prelude(ids)
+        state = self.iterate(initial(e), e, steps)
+        return self.coda(state, last_only=last_only)

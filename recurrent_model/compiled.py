@@ -1,6 +1,6 @@
 """Fixed-depth decoding through static-shape functions compiled with torch.compile.
 
-Both call the :mod:`recurrent_model.functional` layers over a KV-cache slot that has a static shape:
+Both run the forward recipe of :mod:`recurrent_model.stack` over KV-cache slots of a static shape:
 keys and values are written into the whole preallocated slot with ``index_copy_`` at the chunk's
 positions and attention reads all ``max_length`` positions under a mask (a prompt chunk from
 position 0 attends causally over its own keys instead, so the fused attention skips the blocks above
@@ -9,25 +9,30 @@ the diagonal).
 - A decode step (one token per row) is one compiled graph: embedding, prelude, ``num_steps`` core
   iterations, coda and head, so a token costs one call instead of ~25 torch calls per layer. A token
   deeper than ``MAX_UNROLLED_STEPS`` runs as a few such graphs (prelude, chunks of iterations, coda).
-- A prompt prefill calls one compiled sandwich block per layer (weights, slot, positions and mask
-  are its inputs, so one graph serves every layer and prompt length); at prompt lengths the matmuls
-  dominate, and the block compiles in seconds where a whole prefill graph takes minutes.
+- A prompt prefill calls one compiled sandwich block per layer call (weights, slot, positions and
+  mask are its inputs, so one graph serves every layer and prompt length); at prompt lengths the
+  matmuls dominate, and one block compiles far faster than a whole prefill graph.
 
 Inductor fuses the element-wise work (norms, RoPE, SiLU, residual adds, the cache write). On the CPU
-a batch-1 decode token becomes a single C++ kernel with a C++ launcher (``cpp_wrapper``): its
-projections and its attention are written as sums (see :func:`functional.linear`), which inductor
-streams through the weights at several times the speed of torch's matrix-vector kernels. On a CUDA
-(or ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache
-storage is kept at one static address per model and shape. The first call for a new shape pays the
-compile (up to a minute or so for the small preset's decode step on 2 cores); later calls
-with the same shapes, depth and cache budget reuse it. ``compile_seconds`` reports what a call paid.
-On the CPU, a decode piece's later calls skip dynamo altogether (:class:`_DirectGraph`).
+a batch-1 decode token becomes a single C++ kernel with a C++ launcher (``cpp_wrapper``), its
+projections and attention written as sums (see :func:`functional.linear`). On a CUDA (or ROCm) GPU
+``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache storage is kept at one
+static address per model and shape. The first call for a new shape pays the compile; later calls
+with the same shapes, depth and cache budget reuse it, and ``compile_seconds`` reports what a call
+paid. On the CPU, a decode piece's later calls skip dynamo altogether (:class:`_DirectGraph`), on
+the torch releases in ``DIRECT_CALL_TORCH``.
+
+What persists between calls lives in the model's :class:`CompileState` (:func:`compile_state`):
+the static storage, one compiled function per graph key and the direct-call graphs. The module
+itself holds no mutable state.
 """
 
 from __future__ import annotations
 
+import re
 import time
-import weakref
+import types
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -36,17 +41,13 @@ import torch.nn.functional as F
 from torch._inductor.compile_fx import compile_fx
 
 from . import functional as fn
+from . import stack
 from .kv_cache import KVCache, attention_mask, check_fits
+from .stack import LayerStack
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
 
-# The most recent static cache storage per model (CUDA graphs need inputs at fixed addresses).
-_STORAGE: weakref.WeakKeyDictionary[Any, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
-_COMPILED: dict[str | None, Any] = {}
-_SEEN: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
-_GRAPHS = 0  # graphs compiled in this process (see _expected_recompile)
-_CAPTURED: list[tuple[Callable, tuple[str, ...] | None, int]] = []  # set by _recording_inductor
 #: The decode piece's tensor arguments, in order (see _decode_piece), and those of them that change
 #: from token to token; every other input of its graph is fixed by the CompiledDecode (weights, RoPE
 #: table, cache slot views).
@@ -56,30 +57,26 @@ _PER_TOKEN = {f"L['{name}']": i for i, name in enumerate(_PER_TOKEN_ARGS)}
 #: A decode piece's two results: None for one its graph computes, else the index in _PER_TOKEN_ARGS of
 #: the input it passes through (dynamo returns that input itself; the graph has no output for it)
 Outputs = tuple[int | None, int | None]
-# Decode graphs callable without dynamo, per model: graph key -> (callable, input sources, outputs)
-_DIRECT: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[Callable, tuple[str, ...], Outputs]]] = (
-    weakref.WeakKeyDictionary()
-)
+#: torch releases (major, minor) on which the direct call (:class:`_DirectGraph`) was checked: it
+#: reads dynamo's record of where each graph input comes from, which is internal to torch. Other
+#: releases compile with plain torch.compile.
+DIRECT_CALL_TORCH = ((2, 13),)
+
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the running torch."""
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
+
+
+def direct_calls_supported() -> bool:
+    """True on the torch releases where decode pieces may skip dynamo after their first call."""
+    return torch_release() in DIRECT_CALL_TORCH
 
 
 def compile_mode(device: torch.device | str) -> str | None:
     """torch.compile mode: "reduce-overhead" (CUDA graphs) on a GPU, inductor's default on the CPU."""
     return "reduce-overhead" if torch.device(device).type == "cuda" else None
-
-
-def static_storage(model: RecurrentLM, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Zeroed cache storage of ``shape`` for ``model``, reused across calls with the same shape."""
-    key = (shape, dtype, model.device)
-    held = _STORAGE.get(model)
-    if held is not None and held[0] == key:
-        return held[1].zero_()
-    _STORAGE.pop(model, None)  # free the previous shape's storage before allocating
-    check_fits(shape, dtype, model.device, model.config.n_layers_in_recurrent_block)
-    storage = torch.zeros(shape, dtype=dtype, device=model.device)
-    if storage.is_cuda:
-        torch._dynamo.mark_static_address(storage)
-    _STORAGE[model] = (key, storage)
-    return storage
 
 
 class _StaticSlot:
@@ -100,57 +97,22 @@ class _StaticSlot:
         self.kv.index_copy_(2, self.positions, both)
         if self.mask is None:  # a chunk from position 0: plain causal over its own T keys, which
             # lets the fused attention skip the blocks above the diagonal (a mask over the whole slot
-            # made it compute them all: ~35% more time)
+            # makes it compute them all)
             T = k.shape[2]
             return self.kv[:, :H, :T], self.kv[:, H:, :T], None
         return self.kv[:, :H], self.kv[:, H:], self.mask
 
 
-def _block(
-    x: torch.Tensor,
-    weights: fn.BlockWeights,
-    rope: torch.Tensor,
-    eps: float,
-    kv: torch.Tensor,
-    positions: torch.Tensor,
-    mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """One sandwich block writing its keys/values into slot ``kv`` (B, 2·heads, L, D) at positions."""
-    return fn.sandwich_block(x, weights, rope, eps, _StaticSlot(kv, positions, mask))
-
-
-class DecodeWeights(NamedTuple):
-    """Every tensor and constant one decoded token needs, as plain inputs of the compiled graph.
-
-    Tensors rather than the module: dynamo then guards a tuple of tensors instead of walking the
-    module tree on every call (that walk cost ~0.3 ms of a ~3 ms token).
-    """
-
-    wte: torch.Tensor
-    prelude: tuple[fn.BlockWeights, ...]
-    adapter: torch.Tensor
-    core: tuple[fn.BlockWeights, ...]
-    ln_f: torch.Tensor
-    coda: tuple[fn.BlockWeights, ...]
-    head: torch.Tensor
-    emb_scale: float
-    eps: float
-
-    @classmethod
-    def of(cls, model: RecurrentLM) -> DecodeWeights:
-        t = model.transformer
-        blocks = lambda layers: tuple(b.weights() for b in layers)  # noqa: E731
-        return cls(
-            t.wte.weight, blocks(t.prelude), t.adapter.weight, blocks(t.core_block),
-            t.ln_f.weight, blocks(t.coda), model.lm_head.weight, model.emb_scale,
-            model.config.norm_eps,
-        )  # fmt: skip
+def _static_slots(
+    kvs: tuple[torch.Tensor, ...], positions: torch.Tensor, mask: torch.Tensor | None
+) -> list[_StaticSlot]:
+    return [_StaticSlot(kv, positions, mask) for kv in kvs]
 
 
 #: Core iterations one compiled decode graph unrolls at most. Compile time grows faster than the
-#: graph (r = 8 in one graph compiles in ~1 min cold, r = 32 took 6.5 min), so a deeper token runs
-#: the prelude, chunks of at most this many iterations and the coda as separate graphs: one or two
-#: distinct chunk graphs for any depth, at ~0.2 ms of launch per extra graph.
+#: graph, so a deeper token runs the prelude, chunks of at most this many iterations and the coda
+#: as separate graphs: one or two distinct chunk graphs for any depth, at the cost of one launch
+#: per extra graph.
 MAX_UNROLLED_STEPS = 8
 
 
@@ -172,7 +134,7 @@ class _Piece(NamedTuple):
 
 
 def _decode_piece(
-    w: DecodeWeights,
+    w: LayerStack,
     x: torch.Tensor,
     positions: torch.Tensor,
     rope: torch.Tensor,
@@ -183,7 +145,7 @@ def _decode_piece(
     first: bool,
     last: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row through part of the forward; the whole of it when first and last.
+    """One token per row through part of the forward recipe; the whole of it when first and last.
 
     x is the token ids (B, 1) when ``first`` (the prelude runs here), else the prelude's output e.
     Returns (float32 logits (B, 1, V), latents ln_f(s_r)) when ``last``, else (state, e). ``slots``
@@ -191,43 +153,56 @@ def _decode_piece(
     that each write touches its slot only. The per-token host work is in the graph too: the RoPE row
     and the attention mask come from ``positions`` (1,), the whole RoPE table ``rope`` and the
     padding mask ``key_valid`` (B, L) or None. (On the CPU each eager op between two tokens runs
-    with caches just flushed by the weights: they cost ~0.3 ms a token in all.)
+    with caches just flushed by the weights.)
     """
-    calls = iter(slots)
     mask = attention_mask(positions, slots[0].shape[2], key_valid)
     if key_valid is None:
         mask = mask[None, None]
     rope = rope.index_select(0, positions)
-
-    def layers(h: torch.Tensor, blocks: tuple[fn.BlockWeights, ...]) -> torch.Tensor:
-        for block in blocks:
-            h = _block(h, block, rope, w.eps, next(calls), positions, mask)
-        return h
-
-    e = layers(fn.embed(x, w.wte, w.emb_scale), w.prelude) if first else x
-    for _ in range(num_steps):
-        state = layers(fn.adapter(state, e, w.adapter), w.core)
+    calls = _static_slots(slots, positions, mask)
+    n_prelude, n_core = len(w.prelude) if first else 0, len(w.core)
+    e = stack.prelude(w, stack.embed(w, x), rope, calls[:n_prelude]) if first else x
+    for step in range(1, num_steps + 1):  # this piece's calls: its prelude, then step by step
+        at = stack.core_call_index(n_prelude, n_core, step, 0)
+        state = stack.core_step(w, state, e, rope, step, calls[at : at + n_core])
     if not last:
         return state, e
-    latents = fn.rms_norm(state, w.ln_f, w.eps)
-    h = layers(latents, w.coda)
-    return fn.lm_head(h, w.ln_f, w.head, w.eps), latents
+    return stack.coda(w, state, rope, calls[len(calls) - len(w.coda) :])
 
 
-def _prefill_block(*args: Any) -> torch.Tensor:
-    """:func:`_block` for prompt chunks (its own compile cache, dynamic in the prompt length)."""
-    return _block(*args)
+def _prefill_block(
+    x: torch.Tensor,
+    weights: Any,
+    rope: torch.Tensor,
+    eps: float,
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """One sandwich block of a prompt chunk writing its keys/values into slot ``kv`` (B, 2·heads,
+    L, D) at ``positions`` (compiled dynamic in the prompt length)."""
+    return stack.layers(x, (weights,), rope, eps, _static_slots((kv,), positions, mask))
 
 
-def _expected_recompile() -> Any:
-    """Room for one more specialised graph: dynamo's recompile limit (8 per function) counts
-    every depth, chunk pattern, shape and model a process compiles, and with fullgraph=True the next
-    one would raise. Decode and prefill key their graphs themselves and compile each once, so a call
-    that is known to compile lifts the limit past the graphs built so far."""
-    global _GRAPHS
-    _GRAPHS += 1
-    limit = max(torch._dynamo.config.recompile_limit, _GRAPHS)
-    return torch._dynamo.config.patch(recompile_limit=limit)
+def _own_copy(function: Callable) -> Callable:
+    """``function`` with a code object of its own. Dynamo keeps compiled graphs and their guards
+    per code object, and stops compiling past ``recompile_limit`` graphs per code object; a copy per
+    graph key holds that key's graphs alone, so no depth sweep or model count reaches the limit."""
+    copy = types.FunctionType(
+        function.__code__.replace(), function.__globals__, function.__name__,
+        function.__defaults__, function.__closure__,
+    )  # fmt: skip
+    copy.__kwdefaults__ = function.__kwdefaults__
+    return copy
+
+
+class _Captured(NamedTuple):
+    """What the recording backend keeps of the graph it built: its callable, where each input comes
+    from (dynamo's source names, None where unknown) and its number of outputs."""
+
+    run: Callable
+    sources: tuple[str, ...] | None
+    n_outputs: int
 
 
 def _source_name(source: Any) -> str:
@@ -235,18 +210,42 @@ def _source_name(source: Any) -> str:
     return name() if callable(name) else name
 
 
-def _recording_inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """Inductor with a C++ launcher (as ``options={"cpp_wrapper": True}``) that also records, for
-    the graph it just built, its callable, where each input comes from and how many outputs it has."""
-    run = compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
-    try:
-        sources = tuple(
-            _source_name(n.meta["grapharg"].source) for n in gm.graph.find_nodes(op="placeholder")
-        )
-    except (KeyError, AttributeError):  # not dynamo's graph layout: no direct calls
-        sources = None
-    _CAPTURED[:] = [(run, sources, len(gm.graph.output_node().args[0]))]
-    return run
+class _RecordingInductor:
+    """A dynamo backend: inductor with a C++ launcher (as ``options={"cpp_wrapper": True}``) that
+    keeps, for the graph it just built, what a direct call needs (:class:`_Captured`)."""
+
+    def __init__(self) -> None:
+        self.captured: _Captured | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        run = compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
+        try:
+            placeholders = gm.graph.find_nodes(op="placeholder")
+            sources = tuple(_source_name(n.meta["grapharg"].source) for n in placeholders)
+        except (KeyError, AttributeError):  # not dynamo's graph layout: no direct calls
+            sources = None
+        self.captured = _Captured(run, sources, len(gm.graph.output_node().args[0]))
+        return run
+
+
+_SOURCE_STEP = re.compile(r"\[(\d+)\]|\.([A-Za-z_]\w*)")
+
+
+def resolve_source(source: str, args: dict[str, Any]) -> Any:
+    """The object a dynamo source name such as ``L['w'][3][0]`` or ``L['w'].core[1]`` points to
+    in the piece's arguments ``args``; KeyError for any other form."""
+    head = re.match(r"L\['(\w+)'\]", source)
+    if head is None or head.group(1) not in args:
+        raise KeyError(source)
+    value, at = args[head.group(1)], head.end()
+    while at < len(source):
+        step = _SOURCE_STEP.match(source, at)
+        if step is None:
+            raise KeyError(source)
+        index, attribute = step.groups()
+        value = value[int(index)] if index is not None else getattr(value, attribute)
+        at = step.end()
+    return value
 
 
 class _DirectGraph:
@@ -254,18 +253,17 @@ class _DirectGraph:
 
     Every input but the per-token four (``_PER_TOKEN``) is the same object on every token, and those
     four have fixed shapes, so dynamo's guards over the ~60 inputs and its Python wrappers decide
-    nothing after the first call; they cost ~0.45 ms of a ~2–2.4 ms token (measured in the generation
-    loop, where the weights have just flushed the caches). The graph's C++ launcher still checks every
-    input's sizes and strides. A piece that passes an input through (the prelude piece's s_0, a middle
-    chunk's e) returns that input as dynamo did.
+    nothing after the first call. The graph's C++ launcher still checks every input's sizes and
+    strides. A piece that passes an input through (the prelude piece's s_0, a middle chunk's e)
+    returns that input as dynamo did.
     """
 
     def __init__(
         self, run: Callable, sources: tuple[str, ...], outputs: Outputs, args: tuple
     ) -> None:
-        scope = {"L": dict(zip(_PIECE_ARGS, args, strict=False))}
+        named = dict(zip(_PIECE_ARGS, args, strict=False))
         self.run, self.outputs = run, outputs
-        self.inputs = [eval(src, {"__builtins__": {}}, scope) for src in sources]  # noqa: S307
+        self.inputs = [None if src in _PER_TOKEN else resolve_source(src, named) for src in sources]
         self.per_token = [
             (i, _PER_TOKEN[src]) for i, src in enumerate(sources) if src in _PER_TOKEN
         ]
@@ -279,57 +277,187 @@ class _DirectGraph:
         return first, second
 
 
-def _direct_graph(model: RecurrentLM, key: tuple, args: tuple, out: tuple) -> _DirectGraph | None:
-    """A direct caller of the graph that just ran ``args`` for ``key`` (None where there is none).
+class _DirectEntry(NamedTuple):
+    run: Callable
+    sources: tuple[str, ...]
+    outputs: Outputs
 
-    The graph is taken from the compile that ``_CAPTURED`` recorded during that call, or from an earlier
-    one for this model. A newly captured graph must output exactly the results that are not per-token
-    inputs passed through, and is first rerun on the same inputs to give the same outputs (rewriting
-    this token's cache entries with the same values).
+
+class _CompiledFunction(NamedTuple):
+    """A torch.compile'd copy of a piece function and, for the decode on the CPU, its recorder."""
+
+    call: Callable
+    recorder: _RecordingInductor | None
+
+
+def _sum_written_products(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+    """x @ wᵀ summed over ``weights`` as :func:`functional.linear` writes a compiled one-row
+    product (a multiply-and-sum)."""
+    return sum(fn.linear(x, w) for w in weights)  # type: ignore[return-value]
+
+
+def _matvec_products(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+    """The same products with torch's matrix-vector kernel."""
+    return sum(F.linear(x, w) for w in weights)  # type: ignore[return-value]
+
+
+#: Distinct copies of a weight one measurement streams through (so the reads do not all hit a warm
+#: cache), and the timed repeats of which the fastest counts.
+PRODUCT_COPIES, PRODUCT_REPEATS = 4, 7
+
+
+def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float]:
+    """Seconds of one batch-1 product with a weight of ``shape`` (out, in) on the CPU, inside a
+    compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); the best of
+    ``PRODUCT_REPEATS`` calls over ``PRODUCT_COPIES`` weights, per weight."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
+    x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
+    seconds = {}
+    for name, target in (("sum", _sum_written_products), ("matvec", _matvec_products)):
+        call = torch.compile(target, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
+        with torch.inference_mode():
+            call(x, weights)  # compiles (once per process: dynamo keeps it for these shapes)
+            best = float("inf")
+            for _ in range(PRODUCT_REPEATS):
+                t0 = time.perf_counter()
+                call(x, weights)
+                best = min(best, time.perf_counter() - t0)
+        seconds[name] = best / PRODUCT_COPIES
+    return seconds
+
+
+class CompileState:
+    """What the compiled path keeps for one model, across generate calls.
+
+    - the static cache storage (CUDA graphs need inputs at fixed addresses), one shape at a time;
+    - one compiled function per graph key (:func:`_own_copy`), and which keys have compiled;
+    - the decode graphs callable without dynamo (:class:`_DirectGraph`), per graph key;
+    - per projection shape, the measured choice of a CPU batch-1 product (:meth:`matvec_shapes`).
     """
-    graphs = _DIRECT.setdefault(model, {})
-    if _CAPTURED:
-        ((run, sources, n_outputs),) = _CAPTURED
-        _CAPTURED.clear()
+
+    def __init__(self) -> None:
+        self.products: dict[tuple[tuple[int, int], torch.dtype], dict[str, float]] = {}
+        self.storage: tuple[tuple, torch.Tensor] | None = None
+        self.functions: dict[tuple, _CompiledFunction] = {}
+        self.compiled: set[tuple] = set()
+        self.direct: dict[tuple, _DirectEntry] = {}
+        self.noted_fallback = False
+
+    def static_storage(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, n_core: int
+    ) -> torch.Tensor:
+        """Zeroed cache storage of ``shape``, reused across calls with the same shape."""
+        key = (shape, dtype, device)
+        if self.storage is not None and self.storage[0] == key:
+            return self.storage[1].zero_()
+        self.storage = None  # free the previous shape's storage before allocating
+        check_fits(shape, dtype, device, n_core)
+        storage = torch.zeros(shape, dtype=dtype, device=device)
+        if storage.is_cuda:
+            torch._dynamo.mark_static_address(storage)
+        self.storage = (key, storage)
+        return storage
+
+    def matvec_shapes(self, w: LayerStack) -> tuple[tuple[int, int], ...]:
+        """The weight shapes of ``w`` whose batch-1 CPU products run faster as torch's
+        matrix-vector product than sum-written, each shape measured once (:func:`time_products`)."""
+        chosen = []
+        for shape in sorted(_projection_shapes(w)):
+            key = (shape, w.head.dtype)
+            if key not in self.products:
+                self.products[key] = time_products(shape, w.head.dtype)
+            timing = self.products[key]
+            if timing["matvec"] < timing["sum"]:
+                chosen.append(shape)
+        return tuple(chosen)
+
+    def function(self, which: str, key: tuple, mode: str | None) -> _CompiledFunction:
+        """The compiled "decode" piece or "prefill" block for graph ``key`` (built on first use).
+
+        On the CPU the graph's launcher is generated C++ too (cpp_wrapper): a decode token is ~100
+        kernels, for which a Python launcher costs far more than the C++ one. The CPU decode's
+        inductor records what a direct call needs, on the torch releases where that was checked.
+        """
+        held = self.functions.get((which, key))
+        if held is not None:
+            return held
+        target, dynamic = (_decode_piece, False) if which == "decode" else (_prefill_block, None)
+        target = _own_copy(target)
+        recorder = None
+        if which == "decode" and mode is None and self._direct_calls():
+            recorder = _RecordingInductor()
+            call = torch.compile(target, backend=recorder, dynamic=dynamic, fullgraph=True)
+        else:
+            options = {"cpp_wrapper": True} if mode is None else None
+            call = torch.compile(
+                target, mode=mode, dynamic=dynamic, fullgraph=True, options=options
+            )
+        held = self.functions[(which, key)] = _CompiledFunction(call, recorder)
+        return held
+
+    def _direct_calls(self) -> bool:
+        if direct_calls_supported():
+            return True
+        if not self.noted_fallback:
+            self.noted_fallback = True
+            checked = ", ".join(f"{a}.{b}" for a, b in DIRECT_CALL_TORCH)
+            warnings.warn(
+                f"compiled decode: torch {torch.__version__} is not a release the dynamo bypass "
+                f"was checked on ({checked}); every token goes through torch.compile's guards",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return False
+
+    def direct_graph(
+        self, key: tuple, captured: _Captured | None, args: tuple, out: tuple
+    ) -> _DirectGraph | None:
+        """A direct caller of the graph that just ran ``args`` for ``key`` (None where there is none).
+
+        The graph is the one ``captured`` during that call, or one found earlier for ``key``. A newly
+        captured graph must output exactly the results that are not per-token inputs passed
+        through, and is first rerun on the same inputs to give the same outputs (rewriting this
+        token's cache entries with the same values).
+        """
+        if captured is None:
+            entry = self.direct.get(key)
+            return None if entry is None else _DirectGraph(*entry, args)
         named = dict(zip(_PIECE_ARGS, args, strict=False))
         per_token = [named[name] for name in _PER_TOKEN_ARGS]
         outputs = tuple(next((i for i, t in enumerate(per_token) if t is o), None) for o in out)
         fixed = ("L['w']", "L['rope']", "L['slots']")  # what stays the same object every token
+        sources = captured.sources
         if (
             sources is None
-            or n_outputs != outputs.count(None)
+            or captured.n_outputs != outputs.count(None)
             or not all(src in _PER_TOKEN or src.startswith(fixed) for src in sources)
         ):
             return None
-        direct = _DirectGraph(run, sources, outputs, args)
+        try:
+            direct = _DirectGraph(captured.run, sources, outputs, args)
+        except (KeyError, IndexError, AttributeError, TypeError):  # a source we cannot follow
+            return None
         again = direct(*per_token)
         if not all(torch.equal(a, b) for a, b in zip(again, out, strict=True)):
             return None
-        graphs[key] = (run, sources, outputs)
+        self.direct[key] = _DirectEntry(captured.run, sources, outputs)
         return direct
-    if key not in graphs:
-        return None
-    return _DirectGraph(*graphs[key], args)
 
 
-def _compiled(which: str, mode: str | None) -> Any:
-    key = f"{which}-{mode}"
-    if key not in _COMPILED:
-        target, dynamic = (_decode_piece, False) if which == "decode" else (_prefill_block, None)
-        # On the CPU the graph's launcher is generated C++ too (cpp_wrapper): a decode token is ~100
-        # kernels, and the Python launcher alone cost ~1 ms of a ~7 ms token.
-        # The decode graph's inductor records what a direct call needs (see _DirectGraph).
-        if which == "decode" and mode is None:
-            compiled = torch.compile(
-                target, backend=_recording_inductor, dynamic=dynamic, fullgraph=True
-            )
-        else:
-            options = {"cpp_wrapper": True} if mode is None else None
-            compiled = torch.compile(
-                target, mode=mode, dynamic=dynamic, fullgraph=True, options=options
-            )
-        _COMPILED[key] = compiled
-    return _COMPILED[key]
+def _projection_shapes(w: LayerStack) -> set[tuple[int, int]]:
+    """Every (out, in) weight shape a token of ``w`` multiplies."""
+    blocks = (*w.prelude, *w.core, *w.coda)
+    weights = [t for b in blocks for t in (b.wqkv, b.attn_proj, b.mlp_fc, b.mlp_proj)]
+    return {(t.shape[0], t.shape[1]) for t in (*weights, w.adapter, w.head)}
+
+
+def compile_state(model: RecurrentLM) -> CompileState:
+    """``model``'s :class:`CompileState` (made on first use, kept on the model)."""
+    state = getattr(model, "_compile_state", None)
+    if state is None:
+        state = model._compile_state = CompileState()
+    return state
 
 
 class CompiledDecode:
@@ -341,26 +469,25 @@ class CompiledDecode:
         if num_steps > cache.max_steps:
             raise ValueError(f"num_steps {num_steps} exceeds the cache's {cache.max_steps} steps")
         self.model, self.cache, self.num_steps, self.mode = model, cache, num_steps, mode
-        t = model.transformer
         slots = cache.kv_slots
-        n_coda = len(t.coda)
-        prelude = [cache.physical(i) for i in range(len(t.prelude))]
+        n_coda = cache.n_coda
+        prelude = [cache.physical(i) for i in range(cache.n_prelude)]
         core = [[cache.core_slot(step, j) for j in range(cache.n_core)]
                 for step in range(1, num_steps + 1)]  # fmt: skip
         coda = [cache.physical(k - n_coda) for k in range(n_coda)]
-        self.prelude = [(b.weights(), slots[i]) for b, i in zip(t.prelude, prelude, strict=True)]
-        self.core = [
-            [(b.weights(), slots[i]) for b, i in zip(t.core_block, step, strict=True)]
-            for step in core
-        ]
-        self.coda = [(b.weights(), slots[i]) for b, i in zip(t.coda, coda, strict=True)]
+        self.prelude_slots = [slots[i] for i in prelude]
+        self.core_slots = [[slots[i] for i in step] for step in core]
+        self.coda_slots = [slots[i] for i in coda]
         self.pieces = self._plan(slots, prelude, core, coda)
-        self.weights = DecodeWeights.of(model)
+        self.state = compile_state(model)
+        self.weights = LayerStack.of(model)
+        if cache.kv.shape[1] == 1 and model.device.type == "cpu" and mode is None:
+            # batch-1 CPU decode: each projection shape as whichever product is faster here
+            self.weights = self.weights._replace(matvec=self.state.matvec_shapes(self.weights))
         # what a decode token reads besides its ids: the whole RoPE table (the graph picks its row)
         # and one position tensor per cache position, built once instead of per token
         self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
         self.positions = torch.arange(cache.max_length, device=model.device).split(1)
-        self.seen = _SEEN.setdefault(model, set())  # graphs already compiled for this model
         self.shape_key = (cache.kv.shape[1], cache.max_length, model.dtype, mode)
         self.zero_state: torch.Tensor | None = None
         self.direct: dict[int, _DirectGraph | None] = {}  # per piece, once looked up
@@ -418,38 +545,41 @@ class CompiledDecode:
                 self.zero_state = torch.zeros(*ids.shape, self.model.config.n_embd,
                                               device=ids.device, dtype=self.model.dtype)  # fmt: skip
             state = self.zero_state
-        decode, positions = _compiled("decode", self.mode), self.positions[start]
-        key_valid = self.cache.key_valid
+        positions, key_valid = self.positions[start], self.cache.key_valid
         for i, piece in enumerate(self.pieces):
             direct = self.direct.get(i)
             if direct is not None and state.dtype == self.model.dtype:
                 state, x = direct(x, positions, state, key_valid)
                 continue
-            key = (*self.shape_key, key_valid is None, *piece.key)
+            key = (*self.shape_key, key_valid is None, self.weights.matvec, *piece.key)
             args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid,
                     piece.num_steps, piece.first, piece.last)  # fmt: skip
-            _CAPTURED.clear()
-            if key in self.seen:
-                out = decode(*args)
-            else:
-                # the first call for this graph and slot pattern compiles it
-                t0 = time.perf_counter()
-                with _expected_recompile():
-                    out = decode(*args)
-                self.seen.add(key)
-                self.compile_seconds += time.perf_counter() - t0
+            decode = self.state.function("decode", key, self.mode)
+            if decode.recorder is not None:
+                decode.recorder.captured = None
+            out = self._timed(key, decode.call, args)
             if i not in self.direct and self.mode is None:
-                self.direct[i] = _direct_graph(self.model, key, args, out)
+                captured = decode.recorder.captured if decode.recorder is not None else None
+                self.direct[i] = self.state.direct_graph(key, captured, args, out)
             state, x = out
         return state, x  # the last piece returns (logits, latents)
+
+    def _timed(self, key: tuple, call: Callable, args: tuple) -> Any:
+        """``call(*args)``, adding its time to ``compile_seconds`` when ``key`` compiles now."""
+        if key in self.state.compiled:
+            return call(*args)
+        t0 = time.perf_counter()
+        out = call(*args)
+        self.state.compiled.add(key)
+        self.compile_seconds += time.perf_counter() - t0
+        return out
 
     def _prefill(
         self, ids: torch.Tensor, start: int, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A prompt chunk: one compiled sandwich block per layer call."""
-        m, c = self.model, self.cache
-        t, eps = m.transformer, m.config.norm_eps
-        B, T = ids.shape
+        """A prompt chunk through the forward recipe, one compiled sandwich block per layer call."""
+        m, c, w = self.model, self.cache, self.weights
+        T = ids.shape[1]
         rope = torch.view_as_real(m.rope_at(start, T))  # (T, head_dim / 2, 2): cos, sin
         positions = torch.arange(start, start + T, device=ids.device)
         mask: torch.Tensor | None = None  # from position 0 unpadded: causal, no mask to read
@@ -457,25 +587,17 @@ class CompiledDecode:
             mask = attention_mask(positions, c.max_length, c.key_valid)
             if c.key_valid is None:
                 mask = mask[None, None]
-        shape_key = (*self.shape_key, c.key_valid is None, T)
-        t0 = time.perf_counter()
-        block = _compiled("prefill", self.mode)
+        key = (*self.shape_key, c.key_valid is None, mask is None)
+        compiled = self.state.function("prefill", key, self.mode).call
 
-        def layers(x: torch.Tensor, blocks: list) -> torch.Tensor:
-            for weights, kv in blocks:
-                x = block(x, weights, rope, eps, kv, positions, mask)
-            return x
+        def block(x: torch.Tensor, weights: Any, rope: torch.Tensor, eps: float, kv: Any,
+                  *_: Any) -> torch.Tensor:  # fmt: skip
+            return compiled(x, weights, rope, eps, kv, positions, mask)
 
-        x = fn.embed(ids, t.wte.weight, m.emb_scale)
-        if shape_key in self.seen:
-            e = layers(x, self.prelude)
-        else:  # the first compiled call builds the graph
-            with _expected_recompile():
-                e = layers(x, self.prelude)
-            self.seen.add(shape_key)
-            self.compile_seconds += time.perf_counter() - t0
-        for step_blocks in self.core:
-            state = layers(fn.adapter(state, e, t.adapter.weight), step_blocks)
-        latents = fn.rms_norm(state, t.ln_f.weight, eps)
-        x = layers(latents, self.coda)[:, -1:]
-        return fn.lm_head(x, t.ln_f.weight, m.lm_head.weight, eps), latents
+        def chunk(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            e = stack.prelude(w, stack.embed(w, ids), rope, self.prelude_slots, block=block)
+            for step, slots in enumerate(self.core_slots, start=1):
+                state = stack.core_step(w, state, e, rope, step, slots, block=block)
+            return stack.coda(w, state, rope, self.coda_slots, last_only=True, block=block)
+
+        return self._timed((*key, T), chunk, (state,))  # a new prompt length may compile

@@ -13,19 +13,37 @@ published behaviour: placeholder tokens come from this model's vocabulary; ``seq
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
-from .cached_forward import CachedForward
+from .cached_forward import ChunkRunner
 from .config import ContextLengthError
 from .kv_cache import KVCache
+from .options import (
+    Streamer,
+    check_float,
+    check_int,
+    check_prompt,
+    replace_options,
+    stop_tokens_for,
+)
 from .sampling import Sampler
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
+
+__all__ = [
+    "CACHE_LOOKUP_STRATEGIES",
+    "FREEZE_STRATEGIES",
+    "DiffusionConfig",
+    "DiffusionOutput",
+    "Streamer",
+    "generate_diffusion",
+]
 
 FREEZE_STRATEGIES = (
     "latent-diff",
@@ -38,7 +56,98 @@ FREEZE_STRATEGIES = (
 # with l_R = 4 this is exactly the published lookup); "full" keeps every iteration's entries.
 CACHE_LOOKUP_STRATEGIES = ("latest-m4-compress-s4", "full")
 
-Streamer = Callable[[torch.Tensor], None]
+
+@dataclass(frozen=True)
+class DiffusionConfig:
+    """Every option of :func:`generate_diffusion` except the per-call objects (generator, streamer).
+
+    The defaults are the published sampler's. ``num_steps`` (default 32, that sampler's default, not
+    the checkpoint's mean recurrence): the depth of the prompt prefill and, with "fixed" /
+    "token-stability", the freezing horizon; it is also how many sampler steps pass before stop
+    tokens are checked. ``inner_recurrence``: core iterations per sampler step; ``headway``: new
+    positions per step (positions beyond the first start as random placeholder tokens from the
+    model's vocabulary); ``init_scale``: scale of the random initial states (0 = zeros,
+    deterministic with greedy decoding). ``ema_embeds``: weight of last step's embeddings in e;
+    ``state_noise_mixing`` (divided by 1 + the position's iterations when ``dampened_state_mixer``;
+    ``sqrt_mixer`` mixes variances): how much fresh initial state is mixed in before each step;
+    ``freeze_strategy``: "latent-diff" freezes up to the last wave position with
+    ‖s − s_prev‖/‖s‖ < ``exit_t``, also "latent-acceleration-1/2", "token-stability" (a guess
+    unchanged for num_steps // inner_recurrence steps), "fixed" (headway tokens per step after
+    num_steps // inner_recurrence steps); ``continuous_compute``: new positions start from the last
+    wave states; ``max_wavefront``: the most positions in the wave (0 = unlimited);
+    ``max_diffusion_steps``: hard cap on sampler steps. ``cache_lookup_strategy``:
+    "latest-m4-compress-s4" (one iteration of core KV entries per token: later iterations overwrite
+    earlier ones) or "full". Greedy unless ``do_sample`` (temperature, top_k, top_p, min_p).
+    ``stop_tokens`` default to the tokenizer's stop ids.
+    """
+
+    num_steps: int = 32
+    inner_recurrence: int = 4
+    headway: int = 1
+    init_scale: float = 1.0
+    cache_lookup_strategy: str = "latest-m4-compress-s4"
+    full_prefill: bool = True
+    ema_embeds: float = 0.1
+    state_noise_mixing: float = 0.5
+    freeze_strategy: str = "latent-diff"
+    dampened_state_mixer: bool = True
+    sqrt_mixer: bool = False
+    continuous_compute: bool = False
+    exit_t: float = 0.03
+    max_wavefront: int = 128
+    max_diffusion_steps: int = 4096
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    stop_tokens: tuple[int, ...] | None = None
+
+    def replace(self, **changes: Any) -> DiffusionConfig:
+        """A copy with ``changes``; an unknown option name raises TypeError naming the known ones."""
+        per_call = "generator, streamer, return_details"
+        return replace_options(self, "generate_diffusion", per_call, **changes)
+
+    def resolved(self, model: RecurrentLM) -> DiffusionConfig:
+        """This config checked, numbers as their types, stop tokens filled in."""
+        if self.freeze_strategy not in FREEZE_STRATEGIES:
+            raise ValueError(
+                f"unknown freeze_strategy {self.freeze_strategy!r}; choose from "
+                f"{', '.join(FREEZE_STRATEGIES)}"
+            )
+        if self.cache_lookup_strategy not in CACHE_LOOKUP_STRATEGIES:
+            raise ValueError(
+                f"unknown cache_lookup_strategy {self.cache_lookup_strategy!r}; choose from "
+                f"{', '.join(CACHE_LOOKUP_STRATEGIES)}"
+            )
+        cfg = dataclasses.replace(
+            self,
+            num_steps=check_int("num_steps", self.num_steps, 1),
+            inner_recurrence=check_int("inner_recurrence", self.inner_recurrence, 1),
+            headway=check_int("headway", self.headway, 1),
+            init_scale=check_float("init_scale", self.init_scale, 0.0),
+            full_prefill=bool(self.full_prefill),
+            ema_embeds=check_float("ema_embeds", self.ema_embeds, 0.0, 1.0),
+            state_noise_mixing=check_float("state_noise_mixing", self.state_noise_mixing, 0.0, 1.0),
+            dampened_state_mixer=bool(self.dampened_state_mixer),
+            sqrt_mixer=bool(self.sqrt_mixer),
+            exit_t=check_float("exit_t", self.exit_t, 0.0),
+            continuous_compute=bool(self.continuous_compute),
+            max_wavefront=check_int("max_wavefront", self.max_wavefront, 0),
+            max_diffusion_steps=check_int("max_diffusion_steps", self.max_diffusion_steps, 1),
+            stop_tokens=stop_tokens_for(model, self.stop_tokens),
+        )
+        if 0 < cfg.max_wavefront <= cfg.headway:
+            raise ValueError(
+                f"max_wavefront={cfg.max_wavefront} must exceed headway={cfg.headway} "
+                "(or be 0 = unlimited)"
+            )
+        return cfg
+
+    def sampler(self, generator: torch.Generator | None) -> Sampler:
+        return Sampler(
+            self.do_sample, self.temperature, self.top_k, self.top_p, self.min_p, generator
+        )
 
 
 @dataclass
@@ -93,38 +202,60 @@ class DiffusionOutput:
         }
 
 
-@dataclass(frozen=True)
-class _Settings:
-    num_steps: int
-    inner_recurrence: int
-    headway: int
-    init_scale: float
-    full_prefill: bool
-    ema_embeds: float
-    state_noise_mixing: float
-    dampened_state_mixer: bool
-    sqrt_mixer: bool
-    freeze_strategy: str
-    exit_t: float
-    continuous_compute: bool
-    max_wavefront: int
-    max_diffusion_steps: int
+@dataclass
+class _Wave:
+    """The sampler's moving state between steps: sequences, the wave's states and what freezing
+    compares against (the previous steps' states and where their waves started)."""
+
+    frozen: torch.Tensor  # (1, F) frozen tokens, prompt included
+    current: torch.Tensor  # (1, L) frozen tokens, guesses and placeholders
+    states: torch.Tensor  # (1, W, h) the wave's latent states
+    previous: torch.Tensor  # last step's states
+    previous_delta: torch.Tensor  # last step's states − the step before's (latent-acceleration-1)
+    prev_previous: torch.Tensor  # the step before last's states (latent-acceleration-2)
+    old_embeds: torch.Tensor | None  # last step's mixed embeddings (ema_embeds > 0)
+    index: int = 0  # first position of this step's wave
+    old_index: int = 0
+    old_old_index: int = 0
+    k: int = 0  # frozen length found by the last freeze
+    old_k: int = 0
+    step: int = 0
+    new_tokens: torch.Tensor | None = None  # this step's guesses from the last frozen position on
+    headway_in_step: int = 0  # positions this step added that fit the wavefront
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+def _latent_diff(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    return (match - prev).norm(dim=-1) / match.norm(dim=-1)
 
 
-def _check_float(name: str, value: object, low: float, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not value >= low or (high is not None and not value <= high):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return value
+def _latent_acceleration_1(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    delta = match - prev
+    m = min(delta.shape[1], wave.previous_delta.shape[1])
+    accel = delta[:, :m] - wave.previous_delta[:, :m]
+    wave.previous_delta = delta.clone()
+    return accel.norm(dim=-1) / match[:, :m].norm(dim=-1)
+
+
+def _latent_acceleration_2(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """The acceleration over the positions present in all three steps."""
+    index, old, older = wave.index, wave.old_index, wave.old_old_index
+    lo = max(index, old, older)
+    hi = min(index + wave.states.shape[1], old + wave.previous.shape[1],
+             older + wave.prev_previous.shape[1])  # fmt: skip
+    now = wave.states[:, lo - index : hi - index]
+    before = wave.previous[:, lo - old : hi - old]
+    earlier = wave.prev_previous[:, lo - older : hi - older]
+    accel = (now - before) - (before - earlier)
+    return accel.norm(dim=-1) / (now.norm(dim=-1) + 1e-6)
+
+
+#: The latent freeze strategies: per wave position a criterion (1, n) to compare with exit_t, from
+#: this step's states ``match`` and last step's states ``prev`` at the same positions.
+LATENT_CRITERIA: dict[str, Callable[[_Wave, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "latent-diff": _latent_diff,
+    "latent-acceleration-1": _latent_acceleration_1,
+    "latent-acceleration-2": _latent_acceleration_2,
+}
 
 
 class _Sampler:
@@ -135,31 +266,35 @@ class _Sampler:
         model: RecurrentLM,
         input_ids: torch.Tensor,
         max_new_tokens: int,
-        cfg: _Settings,
+        cfg: DiffusionConfig,
         sampler: Sampler,
-        stop_tokens: set[int],
-        budget: int | None,
         streamer: Streamer | None,
     ) -> None:
+        """``cfg`` is resolved (:meth:`DiffusionConfig.resolved`)."""
         self.model, self.cfg, self.sampler = model, cfg, sampler
         self.prompt = input_ids
         self.P = input_ids.shape[1]
         self.max_new = max_new_tokens
-        self.stops = stop_tokens
+        self.stops = set(cfg.stop_tokens or ())
         self.streamer = streamer
+        self.latent = cfg.freeze_strategy in LATENT_CRITERIA
         context = model.config.block_size
         # Positions written by a step lie below the sequence length, which the loop keeps <= context;
         # without freezing the wave grows by `headway` per step up to max_wavefront.
         wave_bound = cfg.max_wavefront if cfg.max_wavefront > 0 else context
         length = min(context, self.P + max_new_tokens + wave_bound + 2 * cfg.headway + 1)
         steps = max(cfg.num_steps if cfg.full_prefill else 1, cfg.inner_recurrence)
+        budget = None
+        if cfg.cache_lookup_strategy != "full":
+            budget = model.config.n_layers_in_recurrent_block
         self.cache = KVCache(model.config, 1, length, steps, budget, model.device, model.dtype)
-        self.run = CachedForward(model, self.cache)
+        self.run = ChunkRunner(model, self.cache)
         blocked = max(context, self.P + max_new_tokens + cfg.headway + int(cfg.full_prefill))
         self.recurrence = torch.zeros(1, blocked, dtype=torch.long, device=model.device)
         self.stability = torch.zeros(1, blocked, dtype=torch.long, device=model.device)
         self.core_passes = self.tokens_forwarded = self.cache_clears = self.standing_waves = 0
         self.seen = 0  # cache positions holding valid entries (the published cache's seen tokens)
+        self.steps = 0
         self.rows: dict[str, list[torch.Tensor]] = {
             k: [] for k in ("token", "frozen", "counter", "stability")
         }
@@ -175,20 +310,19 @@ class _Sampler:
         """One token per row of float32 logits (n, V) -> (1, n)."""
         return self.sampler.choose(logits)[0][None, :]
 
+    def stream(self, tokens: torch.Tensor, start: int) -> None:
+        """Pass newly frozen ``tokens`` (from position ``start``) and their iterations on."""
+        if self.streamer is not None:
+            n = tokens.shape[0]
+            self.streamer(tokens, self.recurrence[0, start : start + n].clone())
+
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt at num_steps with the cache; (first new token (1, 1), the wave's first state)."""
-        r, ids = self.run, self.prompt
-        r.begin(0, self.P)
-        e = r.prelude(ids)
-        injected = r.inject(e)
-        s = r.start_state(self.fresh_state(e))
-        for i in range(1, self.cfg.num_steps + 1):
-            s = r.core_step(s, injected, i)
-        logits, _ = r.coda(s, last_only=True)
+        logits, latents = self.run.run(self.prompt, 0, self.cfg.num_steps, self.fresh_state)
         self.seen = self.P
         self.core_passes += 1
         self.tokens_forwarded += self.P
-        return self.choose(logits[0, -1:]), self.fresh_state(s[:, -1:])
+        return self.choose(logits[0, -1:]), self.fresh_state(latents[:, -1:])
 
     def embed_without_cache(self, ids: torch.Tensor) -> torch.Tensor:
         """Prelude output of ``ids`` from position 0 without touching the cache (the first e_old)."""
@@ -196,164 +330,191 @@ class _Sampler:
         return m.prelude(m.embed(ids), m.rope_at(0, ids.shape[1]))
 
     # The loop ------------------------------------------------------------------------------------
-    def generate(self) -> torch.Tensor:
-        cfg, dev = self.cfg, self.model.device
-        P, headway = self.P, cfg.headway
+    def start(self) -> _Wave:
+        """The wave before the first step: after the prefill's first token, or over the prompt."""
+        cfg, P = self.cfg, self.P
         if cfg.full_prefill:
             first, states = self.prefill()
-            frozen = current = torch.cat([self.prompt, first], dim=1)
+            frozen = torch.cat([self.prompt, first], dim=1)
             self.recurrence[:, : frozen.shape[1]] += cfg.num_steps
-            if self.streamer is not None:
-                self.streamer(first[0])
+            self.stream(first[0], P)
         else:
-            frozen = current = self.prompt.clone()
-            states = self.fresh_state(torch.zeros(1, P, self.model.config.n_embd, device=dev,
-                                                  dtype=self.model.dtype))  # fmt: skip
+            frozen = self.prompt.clone()
+            like = torch.zeros(1, P, self.model.config.n_embd, device=self.model.device,
+                               dtype=self.model.dtype)  # fmt: skip
+            states = self.fresh_state(like)
             if cfg.max_wavefront > 0 and P > cfg.max_wavefront:
                 raise ValueError(
                     f"the prompt of {P} tokens does not fit max_wavefront={cfg.max_wavefront}; use "
                     f"full_prefill=True or raise max_wavefront to at least {P}"
                 )
-        old_embeds = self.embed_without_cache(current) if cfg.ema_embeds > 0 else None
-        latent = "latent" in cfg.freeze_strategy
-        previous = states.clone()
-        previous_delta = torch.zeros_like(states)
-        prev_previous = torch.zeros_like(states)
-        old_old_index = old_index = 0
-        old_k = k = 0
-        step = 0
-        streamed = frozen.shape[1]
+        old_embeds = self.embed_without_cache(frozen) if cfg.ema_embeds > 0 else None
+        zeros = torch.zeros_like(states)
+        return _Wave(frozen, frozen, states, states.clone(), zeros, zeros.clone(), old_embeds)
+
+    def generate(self) -> torch.Tensor:
+        """Sampler steps until max_new_tokens are frozen, the context is full or a stop; the frozen
+        tokens (1, T + m)."""
+        wave = self.start()
+        streamed = wave.frozen.shape[1]
         context = self.model.config.block_size
-        while frozen.shape[1] - P < self.max_new and current.shape[1] <= context:
-            index = self.seen
-            W = states.shape[1]
-            if index + W > self.cache.max_length:
-                raise ContextLengthError(
-                    f"the wave reaches position {index + W}, beyond the {self.cache.max_length} "
-                    "positions allocated for this call"
-                )
-            # 2. embeddings of the wave (written to the cache), mixed with last step's
-            r = self.run
-            r.begin(index, W)
-            e = r.prelude(current[:, index : index + W])
-            self.seen = index + W
-            if old_embeds is not None:
-                old = old_embeds[:, index - old_index :]
-                mixed = e.clone() * (1 - cfg.ema_embeds)
-                mixed[:, : old.shape[1], :] += old * cfg.ema_embeds
-                e = old_embeds = mixed.clone()
-            # 3. dampened state-noise mixing
-            if cfg.state_noise_mixing > 0:
-                noise_state = self.fresh_state(states)
-                if cfg.dampened_state_mixer:
-                    active = self.recurrence[:, index : index + W]
-                    lam = (cfg.state_noise_mixing / (1 + active))[:, :, None].to(states.dtype)
-                else:
-                    lam = torch.as_tensor(cfg.state_noise_mixing, device=dev, dtype=states.dtype)
-                if cfg.sqrt_mixer:
-                    states = states * torch.relu(1 - lam).sqrt() + lam.sqrt() * noise_state
-                else:
-                    states = states * (1 - lam) + lam * noise_state
-            # 4. inner_recurrence core iterations over the whole wave
-            injected = r.inject(e)
-            states = r.start_state(states)
-            for i in range(1, cfg.inner_recurrence + 1):
-                states = r.core_step(states, injected, i)
-                self.recurrence[:, index : index + W] += 1
-                self.core_passes += 1
-                self.tokens_forwarded += W
-            # 5. a guess at every position from the last frozen one onward
-            logits, _ = r.coda(states)
-            new_tokens = self.choose(logits[0, max(frozen.shape[1] - 1 - index, 0) :])
-            edits = torch.cat([frozen, new_tokens[:, :-1]], dim=1)
-            self.stability[:, : current.shape[1]] += current == edits
-            extra = torch.randint(0, self.model.config.vocab_size, (1, headway - 1), device=dev,
-                                  generator=self.sampler.generator)  # fmt: skip
-            current = torch.cat([frozen, new_tokens, extra], dim=1)
-            # 6. headway new positions
-            if cfg.continuous_compute and W >= headway:
-                new_state = states[:, -headway:].clone()
-            else:
-                new_state = self.fresh_state(states.new_zeros(1, headway, states.shape[2]))
-            states = torch.cat([states, new_state], dim=1)
-            headway_in_step = headway
-            if cfg.max_wavefront > 0 and states.shape[1] > cfg.max_wavefront:
-                headway_in_step = cfg.max_wavefront - (states.shape[1] - headway)
-                states = states[:, : cfg.max_wavefront]
-                current = current[:, : index + cfg.max_wavefront]
-                self.standing_waves += 1
-            # 7. freezing
-            newly_frozen = False
-            if latent:
-                prev = previous[:, index - old_index :]
-                n = min(prev.shape[1], states.shape[1])
-                prev, match = prev[:, :n], states[:, :n]
-                if cfg.freeze_strategy == "latent-diff":
-                    criterion = (match - prev).norm(dim=-1) / match.norm(dim=-1)
-                elif cfg.freeze_strategy == "latent-acceleration-1":
-                    delta = match - prev
-                    m = min(delta.shape[1], previous_delta.shape[1])
-                    accel = delta[:, :m] - previous_delta[:, :m]
-                    criterion = accel.norm(dim=-1) / match[:, :m].norm(dim=-1)
-                    previous_delta = delta.clone()
-                else:  # latent-acceleration-2: positions present in all three steps
-                    lo = max(index, old_index, old_old_index)
-                    hi = min(index + states.shape[1], old_index + previous.shape[1],
-                             old_old_index + prev_previous.shape[1])  # fmt: skip
-                    now = states[:, lo - index : hi - index]
-                    before = previous[:, lo - old_index : hi - old_index]
-                    earlier = prev_previous[:, lo - old_old_index : hi - old_old_index]
-                    accel = (now - before) - (before - earlier)
-                    criterion = accel.norm(dim=-1) / (now.norm(dim=-1) + 1e-6)
-                exits = (criterion < cfg.exit_t)[0].nonzero()
-                if exits.numel():
-                    k = index + int(exits[-1, 0]) + 1
-                    newly_frozen = True
-            elif cfg.freeze_strategy == "token-stability":
-                stable = (self.stability[0] > cfg.num_steps // cfg.inner_recurrence).nonzero()
-                if stable.numel():
-                    k = int(stable[-1, 0]) + 1
-                    if k <= index:
-                        raise RuntimeError(
-                            "token-stability froze no wave position"
-                        )  # not reachable
-                    newly_frozen = True
-                else:
-                    k = 0
-            if cfg.freeze_strategy == "fixed":
-                if step > cfg.num_steps // cfg.inner_recurrence:
-                    self._clear(states.shape[1] - headway - headway_in_step)
-                    states = states[:, headway_in_step:]
-                    frozen = torch.cat([frozen, new_tokens[:, :headway_in_step]], dim=1)
-                else:
-                    self._clear(states.shape[1] - headway_in_step)
-            elif newly_frozen:
-                self._clear(current.shape[1] - headway_in_step - k + 1)
-                states = states[:, k - index - 1 :]
-                frozen = current[:, :k]
-            else:
-                self._clear(states.shape[1] - headway_in_step)
-            if self.streamer is not None and frozen.shape[1] > streamed:
-                self.streamer(frozen[0, streamed:])
-            streamed = frozen.shape[1]
-            self._record(current, frozen, index, W)
-            # 8. stop
-            if step > cfg.num_steps:
-                fresh = frozen[0, old_k:k] if latent else frozen[0, -headway:]
-                if any(int(t) in self.stops for t in fresh.tolist()):
-                    break
-            if step > cfg.max_diffusion_steps:
+        while wave.frozen.shape[1] - self.P < self.max_new and wave.current.shape[1] <= context:
+            W = self.refine(wave)
+            self.grow(wave)
+            self.freeze(wave)
+            if wave.frozen.shape[1] > streamed:
+                self.stream(wave.frozen[0, streamed:], streamed)
+            streamed = wave.frozen.shape[1]
+            self._record(wave.current, wave.frozen, wave.index, W)
+            if self.should_stop(wave):
                 break
-            if cfg.freeze_strategy == "latent-acceleration-2":
-                prev_previous = previous.clone()
-                old_old_index = old_index
-            if latent:
-                previous = states.clone()
-            old_index = index
-            step += 1
-            old_k = k
-        self.steps = step
-        return frozen
+            self.advance(wave)
+        self.steps = wave.step
+        return wave.frozen
+
+    def refine(self, wave: _Wave) -> int:
+        """Steps 2-5: embed the wave (mixed with last step's embeddings), mix noise into its states,
+        run inner_recurrence iterations over it and guess a token at every position from the last
+        frozen one. Returns the wave's width."""
+        cfg, r = self.cfg, self.run
+        index = wave.index = self.seen
+        W = wave.states.shape[1]
+        if index + W > self.cache.max_length:
+            raise ContextLengthError(
+                f"the wave reaches position {index + W}, beyond the {self.cache.max_length} "
+                "positions allocated for this call"
+            )
+        r.begin(index, W)
+        e = r.prelude(wave.current[:, index : index + W])
+        self.seen = index + W
+        if wave.old_embeds is not None:
+            old = wave.old_embeds[:, index - wave.old_index :]
+            mixed = e.clone() * (1 - cfg.ema_embeds)
+            mixed[:, : old.shape[1], :] += old * cfg.ema_embeds
+            e = wave.old_embeds = mixed.clone()
+        states = self.mix_noise(wave.states, index, W)
+        states = r.iterate(states, e, cfg.inner_recurrence)
+        self.recurrence[:, index : index + W] += cfg.inner_recurrence
+        self.core_passes += cfg.inner_recurrence
+        self.tokens_forwarded += W * cfg.inner_recurrence
+        wave.states = states
+        logits, _ = r.coda(states)
+        frozen, current = wave.frozen, wave.current
+        new_tokens = self.choose(logits[0, max(frozen.shape[1] - 1 - index, 0) :])
+        edits = torch.cat([frozen, new_tokens[:, :-1]], dim=1)
+        self.stability[:, : current.shape[1]] += current == edits
+        extra = torch.randint(0, self.model.config.vocab_size, (1, cfg.headway - 1),
+                              device=self.model.device, generator=self.sampler.generator)  # fmt: skip
+        wave.current = torch.cat([frozen, new_tokens, extra], dim=1)
+        wave.new_tokens = new_tokens
+        return W
+
+    def mix_noise(self, states: torch.Tensor, index: int, W: int) -> torch.Tensor:
+        """Step 3: dampened state-noise mixing (the states themselves without it)."""
+        cfg = self.cfg
+        if cfg.state_noise_mixing <= 0:
+            return states
+        noise_state = self.fresh_state(states)
+        if cfg.dampened_state_mixer:
+            active = self.recurrence[:, index : index + W]
+            lam = (cfg.state_noise_mixing / (1 + active))[:, :, None].to(states.dtype)
+        else:
+            lam = torch.as_tensor(cfg.state_noise_mixing, device=states.device, dtype=states.dtype)
+        if cfg.sqrt_mixer:
+            return states * torch.relu(1 - lam).sqrt() + lam.sqrt() * noise_state
+        return states * (1 - lam) + lam * noise_state
+
+    def grow(self, wave: _Wave) -> None:
+        """Step 6: headway new positions, cut to max_wavefront (a standing wave)."""
+        cfg, states, headway = self.cfg, wave.states, self.cfg.headway
+        if cfg.continuous_compute and states.shape[1] >= headway:
+            new_state = states[:, -headway:].clone()
+        else:
+            new_state = self.fresh_state(states.new_zeros(1, headway, states.shape[2]))
+        states = torch.cat([states, new_state], dim=1)
+        wave.headway_in_step = headway
+        if cfg.max_wavefront > 0 and states.shape[1] > cfg.max_wavefront:
+            wave.headway_in_step = cfg.max_wavefront - (states.shape[1] - headway)
+            states = states[:, : cfg.max_wavefront]
+            wave.current = wave.current[:, : wave.index + cfg.max_wavefront]
+            self.standing_waves += 1
+        wave.states = states
+
+    def freeze(self, wave: _Wave) -> None:
+        """Step 7: freeze a prefix by the configured strategy and forget the cache positions the
+        next step rewrites."""
+        strategy = self.cfg.freeze_strategy
+        if strategy == "fixed":
+            self._freeze_fixed(wave)
+            return
+        if self.latent:
+            frozen_to = self._latent_freeze(wave, LATENT_CRITERIA[strategy])
+        else:
+            frozen_to = self._stable_freeze(wave)
+        if frozen_to is None:
+            self._clear(wave.states.shape[1] - wave.headway_in_step)
+            return
+        wave.k = frozen_to
+        self._clear(wave.current.shape[1] - wave.headway_in_step - frozen_to + 1)
+        wave.states = wave.states[:, frozen_to - wave.index - 1 :]
+        wave.frozen = wave.current[:, :frozen_to]
+
+    def _latent_freeze(self, wave: _Wave, criterion: Callable) -> int | None:
+        """The frozen length up to the last wave position whose criterion is below exit_t."""
+        prev = wave.previous[:, wave.index - wave.old_index :]
+        n = min(prev.shape[1], wave.states.shape[1])
+        below = criterion(wave, wave.states[:, :n], prev[:, :n]) < self.cfg.exit_t
+        exits = below[0].nonzero()
+        return wave.index + int(exits[-1, 0]) + 1 if exits.numel() else None
+
+    def _stable_freeze(self, wave: _Wave) -> int | None:
+        """token-stability: the frozen length up to the last guess unchanged for
+        num_steps // inner_recurrence steps."""
+        cfg = self.cfg
+        stable = (self.stability[0] > cfg.num_steps // cfg.inner_recurrence).nonzero()
+        if not stable.numel():
+            wave.k = 0
+            return None
+        k = int(stable[-1, 0]) + 1
+        if k <= wave.index:
+            raise RuntimeError("token-stability froze no wave position")  # not reachable
+        return k
+
+    def _freeze_fixed(self, wave: _Wave) -> None:
+        """fixed: headway_in_step tokens per step once past num_steps // inner_recurrence steps."""
+        cfg, step_in = self.cfg, wave.headway_in_step
+        if wave.step > cfg.num_steps // cfg.inner_recurrence:
+            self._clear(wave.states.shape[1] - cfg.headway - step_in)
+            wave.states = wave.states[:, step_in:]
+            assert wave.new_tokens is not None
+            wave.frozen = torch.cat([wave.frozen, wave.new_tokens[:, :step_in]], dim=1)
+        else:
+            self._clear(wave.states.shape[1] - step_in)
+
+    def should_stop(self, wave: _Wave) -> bool:
+        """Step 8: a stop token among the freshly frozen ones (checked once past num_steps steps, as
+        in the published sampler), or the step cap."""
+        cfg = self.cfg
+        if wave.step > cfg.num_steps:
+            fresh = (
+                wave.frozen[0, wave.old_k : wave.k]
+                if self.latent
+                else wave.frozen[0, -cfg.headway :]
+            )
+            if any(int(t) in self.stops for t in fresh.tolist()):
+                return True
+        return wave.step > cfg.max_diffusion_steps
+
+    def advance(self, wave: _Wave) -> None:
+        """Keep this step's states and wave start for the next step's freezing."""
+        if self.cfg.freeze_strategy == "latent-acceleration-2":
+            wave.prev_previous = wave.previous.clone()
+            wave.old_old_index = wave.old_index
+        if self.latent:
+            wave.previous = wave.states.clone()
+        wave.old_index = wave.index
+        wave.step += 1
+        wave.old_k = wave.k
 
     def _clear(self, count: int) -> None:
         """Forget the last ``count`` cache positions (the next step rewrites them)."""
@@ -411,7 +572,7 @@ class _Sampler:
             cache_clears=self.cache_clears,
             standing_waves=self.standing_waves,
             sampler_steps=self.steps,
-            settings=dict(vars(self.cfg)),
+            settings=dataclasses.asdict(self.cfg),
         )
 
 
@@ -425,118 +586,82 @@ def _cut(frozen: torch.Tensor, prompt_length: int, max_new_tokens: int, stops: s
     return frozen[:, : prompt_length + len(new)]
 
 
+@overload
 def generate_diffusion(
     model: RecurrentLM,
     input_ids: torch.Tensor,
     max_new_tokens: int,
-    num_steps: int = 32,
-    inner_recurrence: int = 4,
-    headway: int = 1,
-    init_scale: float = 1.0,
+    num_steps: int | None = None,
+    inner_recurrence: int | None = None,
+    headway: int | None = None,
+    init_scale: float | None = None,
     *,
-    cache_lookup_strategy: str = "latest-m4-compress-s4",
-    full_prefill: bool = True,
-    ema_embeds: float = 0.1,
-    state_noise_mixing: float = 0.5,
-    freeze_strategy: str = "latent-diff",
-    dampened_state_mixer: bool = True,
-    sqrt_mixer: bool = False,
-    continuous_compute: bool = False,
-    exit_t: float = 0.03,
-    max_wavefront: int = 128,
-    max_diffusion_steps: int = 4096,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
+    config: DiffusionConfig | None = None,
     generator: torch.Generator | None = None,
-    stop_tokens: Iterable[int] | None = None,
+    streamer: Streamer | None = None,
+    return_details: Literal[False] = False,
+    **options: Any,
+) -> torch.Tensor: ...
+
+
+@overload
+def generate_diffusion(
+    model: RecurrentLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    num_steps: int | None = None,
+    inner_recurrence: int | None = None,
+    headway: int | None = None,
+    init_scale: float | None = None,
+    *,
+    config: DiffusionConfig | None = None,
+    generator: torch.Generator | None = None,
+    streamer: Streamer | None = None,
+    return_details: Literal[True],
+    **options: Any,
+) -> DiffusionOutput: ...
+
+
+def generate_diffusion(
+    model: RecurrentLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    num_steps: int | None = None,
+    inner_recurrence: int | None = None,
+    headway: int | None = None,
+    init_scale: float | None = None,
+    *,
+    config: DiffusionConfig | None = None,
+    generator: torch.Generator | None = None,
     streamer: Streamer | None = None,
     return_details: bool = False,
+    **options: Any,
 ) -> torch.Tensor | DiffusionOutput:
     """Generate up to ``max_new_tokens`` after ``input_ids`` (1, T) with the diffusion-forcing sampler.
 
-    num_steps: depth of the prompt prefill (and, with "fixed" / "token-stability", the freezing
-    horizon); inner_recurrence: core iterations per sampler step; headway: new positions per step
-    (positions beyond the first start as random placeholder tokens from the model's vocabulary);
-    init_scale: scale of the random initial states (0 = zeros, deterministic with greedy decoding).
-    ema_embeds: weight of last step's embeddings in e; state_noise_mixing (divided by 1 + the
-    position's iterations when dampened_state_mixer; sqrt_mixer mixes variances): how much fresh
-    initial state is mixed in before each step; freeze_strategy: "latent-diff" freezes up to the last
-    wave position with ‖s − s_prev‖/‖s‖ < exit_t, also "latent-acceleration-1/2", "token-stability"
-    (a guess unchanged for num_steps // inner_recurrence steps), "fixed" (headway tokens per step after
-    num_steps // inner_recurrence steps); continuous_compute: new positions start from the last wave
-    states; max_wavefront: the most positions in the wave (0 = unlimited); max_diffusion_steps: hard
-    cap on sampler steps. cache_lookup_strategy: "latest-m4-compress-s4" (one iteration of core KV
-    entries per token: later iterations overwrite earlier ones) or "full". Greedy unless ``do_sample``
-    (temperature, top_k, top_p, min_p, generator). ``stop_tokens`` default to the tokenizer's stop ids;
-    they are checked once the sampler is past num_steps steps, as in the published sampler.
-    ``streamer(tokens)`` gets each newly frozen run of tokens. Returns (1, T + n) ids, or a
-    :class:`DiffusionOutput` with the analysis tablets when ``return_details``.
+    The options are a :class:`DiffusionConfig` (``config``) and/or its fields as keywords, which
+    override it; the first four may also be given positionally. ``None`` leaves a field as the
+    config has it: by default ``num_steps=32``, ``inner_recurrence=4``, ``headway=1`` and
+    ``init_scale=1.0``, the published sampler's defaults (so num_steps is not the checkpoint's mean
+    recurrence unless passed). Per call: ``generator`` for the initial states, placeholders and
+    sampling; ``streamer(tokens, steps)`` gets each newly frozen run of tokens and the core
+    iterations each received. Returns (1, T + n) ids, cut at max_new_tokens and after the first
+    stop token, or a :class:`DiffusionOutput` with the analysis tablets when ``return_details``.
     """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.numel() == 0:
-        raise ValueError("input_ids must be a non-empty (1, tokens) tensor of token ids")
-    if input_ids.shape[0] != 1:
+    given = dict(num_steps=num_steps, inner_recurrence=inner_recurrence, headway=headway,
+                 init_scale=init_scale)  # fmt: skip
+    options.update({name: value for name, value in given.items() if value is not None})
+    cfg = (config or DiffusionConfig()).replace(**options)
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise ValueError(
             f"the diffusion sampler decodes one sequence at a time; got a batch of {input_ids.shape[0]}"
         )
-    if input_ids.is_floating_point() or input_ids.is_complex():
-        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
-    vocab = model.config.vocab_size
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-        raise ValueError(f"input_ids must lie in [0, {vocab}) (the vocabulary)")
-    _check_int("max_new_tokens", max_new_tokens, 0)
-    context = model.config.block_size
-    if input_ids.shape[1] + max_new_tokens > context:
-        raise ContextLengthError(
-            f"a prompt of {input_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds "
-            f"the model's context of {context} tokens (block_size)"
-        )
-    if freeze_strategy not in FREEZE_STRATEGIES:
-        raise ValueError(
-            f"unknown freeze_strategy {freeze_strategy!r}; choose from {', '.join(FREEZE_STRATEGIES)}"
-        )
-    if cache_lookup_strategy not in CACHE_LOOKUP_STRATEGIES:
-        raise ValueError(
-            f"unknown cache_lookup_strategy {cache_lookup_strategy!r}; choose from "
-            f"{', '.join(CACHE_LOOKUP_STRATEGIES)}"
-        )
-    cfg = _Settings(
-        num_steps=_check_int("num_steps", num_steps, 1),
-        inner_recurrence=_check_int("inner_recurrence", inner_recurrence, 1),
-        headway=_check_int("headway", headway, 1),
-        init_scale=_check_float("init_scale", init_scale, 0.0),
-        full_prefill=bool(full_prefill),
-        ema_embeds=_check_float("ema_embeds", ema_embeds, 0.0, 1.0),
-        state_noise_mixing=_check_float("state_noise_mixing", state_noise_mixing, 0.0, 1.0),
-        dampened_state_mixer=bool(dampened_state_mixer),
-        sqrt_mixer=bool(sqrt_mixer),
-        freeze_strategy=freeze_strategy,
-        exit_t=_check_float("exit_t", exit_t, 0.0),
-        continuous_compute=bool(continuous_compute),
-        max_wavefront=_check_int("max_wavefront", max_wavefront, 0),
-        max_diffusion_steps=_check_int("max_diffusion_steps", max_diffusion_steps, 1),
-    )
-    if 0 < cfg.max_wavefront <= cfg.headway:
-        raise ValueError(
-            f"max_wavefront={max_wavefront} must exceed headway={headway} (or be 0 = unlimited)"
-        )
-    sampler = Sampler(do_sample, temperature, top_k, top_p, min_p, generator)
-    if stop_tokens is None:
-        tok = model.tokenizer
-        stop_tokens = tuple(tok.stop_ids) if tok is not None else ()
-    stops = {int(t) for t in stop_tokens}
-    budget = model.config.n_layers_in_recurrent_block
-    if cache_lookup_strategy == "full":
-        budget = None
-    ids = input_ids.to(device=model.device, dtype=torch.long)
+    ids = check_prompt(model, input_ids, max_new_tokens, rows="1")
+    cfg = cfg.resolved(model)
+    sampler = cfg.sampler(generator)
     with torch.inference_mode():
-        run = _Sampler(model, ids, max_new_tokens, cfg, sampler, stops, budget, streamer)
-        if max_new_tokens > 0:
-            frozen = run.generate()
-        else:
-            frozen, run.steps = ids, 0
+        run = _Sampler(model, ids, max_new_tokens, cfg, sampler, streamer)
+        frozen = run.generate() if max_new_tokens > 0 else ids
     frozen = frozen.clone()  # an ordinary tensor outside inference mode
-    sequences = _cut(frozen, ids.shape[1], max_new_tokens, stops)
+    sequences = _cut(frozen, ids.shape[1], max_new_tokens, run.stops)
     return run.details(frozen, sequences) if return_details else sequences

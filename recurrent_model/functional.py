@@ -13,7 +13,7 @@ interleaved-pair RoPE, and torch's scaled_dot_product_attention.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Protocol
 
 import torch
@@ -77,20 +77,27 @@ def _compiled_cpu_row(x: torch.Tensor, rows: int) -> bool:
 ROW_GROUPS = 4
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weightᵀ. A single row inside a compiled graph on the CPU is a multiply-and-sum instead.
+#: Weight shapes (out, in) whose compiled one-row products use torch's matrix-vector product.
+MatvecShapes = Collection[tuple[int, int]]
 
-    torch's matrix-vector product reads a weight at about a quarter of the machine's read bandwidth
-    (bench/bench_decode.py); written as a product and a sum over the input dimension, inductor emits
-    one vectorised, parallel reduction per weight inside the token's single kernel, about 3–4× faster.
-    The weight's rows are split into ``ROW_GROUPS`` equal groups reduced by one loop: each row's sum is
-    a chain of dependent vector adds, so one row at a time waits on the adder's latency, while four
-    independent chains keep it busy (1.3–1.5× the single-group speed; every row's own sum keeps its order,
-    so the result is bit-identical). x is materialised first (``as_strided`` makes inductor store it):
-    otherwise the norm before the projection is recomputed once per weight row. Eager calls, GPUs and
-    several rows keep F.linear.
+
+def linear(x: torch.Tensor, weight: torch.Tensor, matvec: MatvecShapes = ()) -> torch.Tensor:
+    """x @ weightᵀ. A single row inside a compiled graph on the CPU is a multiply-and-sum instead,
+    unless the weight's shape is in ``matvec``.
+
+    Written as a product and a sum over the input dimension, inductor emits one vectorised, parallel
+    reduction per weight inside the token's single kernel; on many CPUs that streams the weight
+    faster than torch's matrix-vector kernel, on others not, so the compiled decode measures both
+    per shape (``compiled.CompileState.matvec_shapes``) and passes the shapes where torch's is faster.
+    The weight's rows are split into ``ROW_GROUPS`` equal groups reduced by one loop: each row's sum
+    is a chain of dependent vector adds, so one row at a time waits on the adder's latency, while
+    four independent chains keep it busy (every row's own sum keeps its order, so the result is
+    bit-identical). x is materialised first (``as_strided`` makes inductor store it): otherwise the
+    norm before the projection is recomputed once per weight row. Eager calls, GPUs and several
+    rows keep F.linear.
     """
-    if _compiled_cpu_row(x, x.shape[:-1].numel()):
+    rows = x.shape[:-1].numel()
+    if _compiled_cpu_row(x, rows) and (weight.shape[0], weight.shape[1]) not in matvec:
         x = x.contiguous()
         x = x.as_strided(x.shape, x.stride()).unsqueeze(-2)
         groups = ROW_GROUPS if weight.shape[0] % ROW_GROUPS == 0 else 1
@@ -133,11 +140,12 @@ def attention(
     wo: torch.Tensor,
     rope: torch.Tensor,
     cache: KVCacheSlot | None = None,
+    matvec: MatvecShapes = (),
 ) -> torch.Tensor:
     """Causal self-attention of x (B, T, h); qk_bias (2, 1, heads, head_dim) sets the head layout."""
     B, T, h = x.shape
     n_heads, head_dim = qk_bias.shape[-2], qk_bias.shape[-1]
-    qkv = linear(x, wqkv)
+    qkv = linear(x, wqkv, matvec)
     # Queries and keys together: per-head bias, then RoPE (one op each); values untouched.
     qk = qkv[..., : 2 * h].view(B, T, 2, n_heads, head_dim)
     qk = apply_rope(qk + qk_bias.view(2, n_heads, head_dim), rope)
@@ -154,13 +162,15 @@ def attention(
         if mask is None and T > 1:
             causal = True
         y = attend(q, k, v, mask, causal=causal)
-    return linear(y.transpose(1, 2).reshape(B, T, h), wo)
+    return linear(y.transpose(1, 2).reshape(B, T, h), wo, matvec)
 
 
-def gated_mlp(x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
+def gated_mlp(
+    x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor, matvec: MatvecShapes = ()
+) -> torch.Tensor:
     """One fc projection to 2·I, split: SiLU(first half) · second half, then proj back to h."""
-    gate, up = linear(x, w_fc).chunk(2, dim=-1)
-    return linear(F.silu(gate) * up, w_proj)
+    gate, up = linear(x, w_fc, matvec).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, w_proj, matvec)
 
 
 class BlockWeights(NamedTuple):
@@ -185,27 +195,33 @@ def sandwich_block(
     cache: KVCacheSlot | None = None,
     hooks: Sequence[ActivationHook] | None = None,
     step: int | None = None,
+    matvec: MatvecShapes = (),
 ) -> torch.Tensor:
     """One decoder layer with a norm before and after each sub-layer.
 
     ``hooks`` (attn_out, resid_mid, mlp_out, resid_post) see and may replace those activations;
-    ``step`` is passed to them (the core iteration, None outside the recurrence).
+    ``step`` is passed to them (the core iteration, None outside the recurrence); ``matvec``: see
+    :func:`linear`.
     """
-    attn_out = attention(rms_norm(x, w.norm_1, eps), w.wqkv, w.qk_bias, w.attn_proj, rope, cache)
+    normed = rms_norm(x, w.norm_1, eps)
+    attn_out = attention(normed, w.wqkv, w.qk_bias, w.attn_proj, rope, cache, matvec)
     if hooks is None:
         x = rms_norm(attn_out + x, w.norm_2, eps)
-        mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj)
+        mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj, matvec)
         return rms_norm(mlp_out + x, w.norm_4, eps)
     hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post = hooks
     attn_out = hook_attn_out(attn_out, step)
     x = hook_resid_mid(rms_norm(attn_out + x, w.norm_2, eps), step)
-    mlp_out = hook_mlp_out(gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj), step)
+    mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj, matvec)
+    mlp_out = hook_mlp_out(mlp_out, step)
     return hook_resid_post(rms_norm(mlp_out + x, w.norm_4, eps), step)
 
 
-def adapter(state: torch.Tensor, e: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def adapter(
+    state: torch.Tensor, e: torch.Tensor, weight: torch.Tensor, matvec: MatvecShapes = ()
+) -> torch.Tensor:
     """The core's input: Adapter(concat[s, e]), a (h, 2h) projection back to h."""
-    return linear(torch.cat([state, e], dim=-1), weight)
+    return linear(torch.cat([state, e], dim=-1), weight, matvec)
 
 
 def embed(input_ids: torch.Tensor, wte: torch.Tensor, scale: float) -> torch.Tensor:
@@ -213,6 +229,8 @@ def embed(input_ids: torch.Tensor, wte: torch.Tensor, scale: float) -> torch.Ten
     return F.embedding(input_ids, wte) * scale
 
 
-def lm_head(x: torch.Tensor, ln_f: torch.Tensor, wte: torch.Tensor, eps: float) -> torch.Tensor:
+def lm_head(
+    x: torch.Tensor, ln_f: torch.Tensor, wte: torch.Tensor, eps: float, matvec: MatvecShapes = ()
+) -> torch.Tensor:
     """float32 logits of the coda's output: lm_head(ln_f(x)) with the tied embedding."""
-    return linear(rms_norm(x, ln_f, eps), wte).float()
+    return linear(rms_norm(x, ln_f, eps), wte, matvec).float()

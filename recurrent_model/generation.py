@@ -9,22 +9,22 @@ options are the fields of :class:`GenerationConfig`; see :func:`generate`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
-from .cached_forward import CachedForward
-from .compiled import CompiledDecode, compile_mode, static_storage
-from .config import ContextLengthError
+from .cached_forward import ChunkRunner
+from .compiled import CompiledDecode, compile_mode, compile_state
 from .kv_cache import KVCache
+from .options import Streamer, check_int, check_prompt, replace_options, stop_tokens_for
 from .sampling import ExitCriterion, Sampler
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
 
-Streamer = Callable[[torch.Tensor, torch.Tensor], None]
+__all__ = ["GenerationConfig", "GenerationOutput", "Streamer", "generate"]
 
 
 @dataclass(frozen=True)
@@ -66,17 +66,49 @@ class GenerationConfig:
 
     def replace(self, **changes: Any) -> GenerationConfig:
         """A copy with ``changes``; an unknown option name raises TypeError naming the known ones."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise TypeError(
-                f"generate() got unknown option(s) {', '.join(unknown)}; the options are "
-                f"{', '.join(sorted(known))} plus attention_mask, generator, streamer, "
-                "return_details"
+        per_call = "attention_mask, generator, streamer, return_details"
+        return replace_options(self, "generate", per_call, **changes)
+
+    def resolved(self, model: RecurrentLM) -> GenerationConfig:
+        """This config checked, with the depths and lookahead that ``None`` stands for filled in:
+        num_steps (the model's mean recurrence), min_steps and max_steps (num_steps without an
+        exit criterion, else 1 and num_steps), lookahead (4 with drafts, else 0)."""
+        steps = self.num_steps
+        steps = check_int("num_steps", model.config.mean_recurrence if steps is None else steps, 1)
+        if self.exit_criterion is None:
+            if self.min_steps is not None or self.max_steps is not None:
+                raise ValueError("min_steps, max_steps and exit_threshold need an exit_criterion")
+            if self.exit_threshold is not None:
+                raise ValueError("min_steps, max_steps and exit_threshold need an exit_criterion")
+            low = high = steps
+        else:
+            ExitCriterion(self.exit_criterion, self.exit_threshold)  # validates name and threshold
+            high = check_int("max_steps", steps if self.max_steps is None else self.max_steps, 1)
+            low = check_int("min_steps", 1 if self.min_steps is None else self.min_steps, 1)
+            if low > high:
+                raise ValueError(f"min_steps ({low}) exceeds max_steps ({high})")
+        lookahead = self.lookahead
+        if lookahead is not None and self.draft_steps is None:
+            raise ValueError(
+                "lookahead needs draft_steps (the draft depth of speculative decoding)"
             )
-        if changes.get("stop_tokens") is not None:
-            changes["stop_tokens"] = tuple(int(t) for t in changes["stop_tokens"])
-        return dataclasses.replace(self, **changes)
+        if self.draft_steps is not None:
+            check_int("draft_steps", self.draft_steps, 1)
+            lookahead = check_int("lookahead", 4 if lookahead is None else lookahead, 1)
+            if self.exit_criterion is not None or self.continuous_compute:
+                raise ValueError(
+                    "self-speculative decoding verifies tokens in parallel, so it cannot be "
+                    "combined with exit_criterion or continuous_compute"
+                )
+        if self.init_scale < 0:
+            raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
+        if self.cache_budget is not None:
+            check_int("cache_budget", self.cache_budget, 1)
+        return dataclasses.replace(
+            self, num_steps=steps, min_steps=low, max_steps=high, lookahead=lookahead or 0,
+            continuous_compute=bool(self.continuous_compute), init_scale=float(self.init_scale),
+            stop_tokens=stop_tokens_for(model, self.stop_tokens),
+        )  # fmt: skip
 
 
 @dataclass
@@ -108,19 +140,6 @@ class GenerationOutput:
         return float(spent.float().mean()) if spent.numel() else 0.0
 
 
-@dataclass(frozen=True)
-class _Settings:
-    num_steps: int
-    min_steps: int
-    max_steps: int
-    criterion: str | None
-    threshold: float | None
-    continuous: bool
-    draft_steps: int | None
-    lookahead: int
-    init_scale: float
-
-
 class _Run:
     """One generation call: cache, sequences buffer and the decoding loops."""
 
@@ -129,46 +148,27 @@ class _Run:
         model: RecurrentLM,
         input_ids: torch.Tensor,
         max_new_tokens: int,
-        settings: _Settings,
+        cfg: GenerationConfig,
         sampler: Sampler,
-        stop_tokens: torch.Tensor,
         pad_token_id: int,
         attention_mask: torch.Tensor | None,
-        cache_budget: int | None,
         streamer: Streamer | None,
-        output_scores: bool,
-        compile: bool = False,
     ) -> None:
-        self.model, self.cfg, self.sampler = model, settings, sampler
+        """``cfg`` is resolved (:meth:`GenerationConfig.resolved`)."""
+        self.model, self.cfg, self.sampler = model, cfg, sampler
         B, T = input_ids.shape
         self.prompt_len, self.max_new = T, max_new_tokens
-        cache_steps = max(settings.max_steps, settings.draft_steps or 1)
-        fixed_depth = settings.criterion is None and settings.draft_steps is None
-        compile = compile and fixed_depth and not model.has_hooks()
-        length = T + max_new_tokens
-        if compile:  # static shapes: round up so that nearby lengths share one compiled graph
-            length = min(model.config.block_size, -(-length // 64) * 64)
-        shape = KVCache.shape_for(model.config, B, length, cache_steps, cache_budget)
-        self.cache = KVCache(
-            model.config,
-            B,
-            length,
-            cache_steps,
-            cache_budget,
-            model.device,
-            model.dtype,
-            storage=static_storage(model, shape, model.dtype) if compile else None,
-        )
+        self.cache = self._cache(B, T + max_new_tokens)
         if attention_mask is not None:
             self.cache.set_padding(attention_mask)
-        self.runner = CachedForward(model, self.cache)
+        self.runner = ChunkRunner(model, self.cache)
         self.compiled = (
-            CompiledDecode(model, self.cache, settings.num_steps, compile_mode(model.device))
-            if compile
+            CompiledDecode(model, self.cache, cfg.num_steps, compile_mode(model.device))
+            if self.cache_is_static
             else None
         )
         self.criterion = (
-            ExitCriterion(settings.criterion, settings.threshold) if settings.criterion else None
+            ExitCriterion(cfg.exit_criterion, cfg.exit_threshold) if cfg.exit_criterion else None
         )
         self.sequences = torch.full(
             (B, T + max_new_tokens), pad_token_id, dtype=torch.long, device=model.device
@@ -176,17 +176,37 @@ class _Run:
         self.sequences[:, :T] = input_ids
         self.steps = torch.zeros(B, max_new_tokens, dtype=torch.long, device=model.device)
         self.finished = torch.zeros(B, dtype=torch.bool, device=model.device)
-        self.stop_tokens, self.pad = stop_tokens, pad_token_id
+        self.stop_tokens = torch.tensor(cfg.stop_tokens, dtype=torch.long, device=model.device)
+        self.pad = pad_token_id
         self.streamer = streamer
-        self.scores: list[torch.Tensor] | None = [] if output_scores else None
+        self.scores: list[torch.Tensor] | None = [] if cfg.output_scores else None
         self.n = 0
         self.drafted = self.accepted = 0
 
+    def _cache(self, batch: int, length: int) -> KVCache:
+        """The call's KV cache; static storage (for the compiled decode) when ``compile`` applies:
+        fixed depth (no exit criterion, no drafts) and no hooks."""
+        model, cfg = self.model, self.cfg
+        cache_steps = max(cfg.max_steps, cfg.draft_steps or 1)
+        fixed_depth = cfg.exit_criterion is None and cfg.draft_steps is None
+        self.cache_is_static = cfg.compile and fixed_depth and not model.has_hooks()
+        storage = None
+        if self.cache_is_static:  # static shapes: round up so that nearby lengths share one graph
+            length = min(model.config.block_size, -(-length // 64) * 64)
+            shape = KVCache.shape_for(model.config, batch, length, cache_steps, cfg.cache_budget)
+            n_core = model.config.n_layers_in_recurrent_block
+            storage = compile_state(model).static_storage(shape, model.dtype, model.device, n_core)
+        return KVCache(
+            model.config, batch, length, cache_steps, cfg.cache_budget, model.device,
+            model.dtype, storage=storage,
+        )  # fmt: skip
+
     # Forward passes ------------------------------------------------------------------------------
-    def _init(self, e: torch.Tensor, warm: torch.Tensor | None) -> torch.Tensor:
-        if warm is None:
-            warm = self.model.initial_state(e, self.cfg.init_scale, self.sampler.generator)
-        return self.runner.start_state(warm)
+    def _initial(self, warm: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """s_0 of a chunk from its e: ``warm`` when given, else a fresh draw."""
+        if warm is not None:
+            return lambda e: warm
+        return lambda e: self.model.initial_state(e, self.cfg.init_scale, self.sampler.generator)
 
     def chunk(
         self,
@@ -202,16 +222,9 @@ class _Run:
             if warm is None and self.cfg.init_scale > 0:  # else s_0 = 0, built by the graph
                 shape = (*ids.shape, self.model.config.n_embd)
                 like = torch.empty(shape, device=ids.device, dtype=self.model.dtype)
-                warm = self.model.initial_state(like, self.cfg.init_scale, self.sampler.generator)
+                warm = self._initial(None)(like)
             return compiled(ids, start, warm)
-        r = self.runner
-        r.begin(start, ids.shape[1])
-        e = r.prelude(ids)
-        injected = r.inject(e)
-        s = self._init(e, warm)
-        for i in range(1, steps + 1):
-            s = r.core_step(s, injected, i)
-        return r.coda(s, last_only=not all_logits)
+        return self.runner.run(ids, start, steps, self._initial(warm), last_only=not all_logits)
 
     def token(
         self, ids: torch.Tensor, pos: int, warm: torch.Tensor | None
@@ -224,15 +237,14 @@ class _Run:
         r, cfg = self.runner, self.cfg
         r.begin(pos, 1)
         e = r.prelude(ids)
-        injected = r.inject(e)
-        s = self._init(e, warm)
+        s = r.start_state(self._initial(warm)(e))
         B = ids.shape[0]
         steps = torch.full((B,), cfg.max_steps, dtype=torch.long, device=ids.device)
         active = torch.ones(B, dtype=torch.bool, device=ids.device)
         crit.reset()
         out = None
         for i in range(1, cfg.max_steps + 1):
-            new = r.core_step(s, injected, i)
+            new = r.core_step(s, e, i)
             if i > 1:
                 new = torch.where(active[:, None, None], new, s)  # exited rows keep their state
             if crit.needs_logits:
@@ -292,7 +304,7 @@ class _Run:
         if ids.shape[1] < 2:
             return None
         _, latents = self.chunk(ids[:, :-1], 0, self.cfg.max_steps)
-        return latents[:, -1:] if self.cfg.continuous else None
+        return latents[:, -1:] if self.cfg.continuous_compute else None
 
     def plain(self, ids: torch.Tensor) -> None:
         warm = self.prefill(ids)
@@ -303,7 +315,7 @@ class _Run:
             if self.emit(tokens, steps, logits):
                 return
             x, pos = tokens[:, None], pos + 1
-            warm = latents if self.cfg.continuous else None
+            warm = latents if self.cfg.continuous_compute else None
 
     def speculative(self, ids: torch.Tensor) -> None:
         """Draft ``lookahead`` tokens at draft_steps, verify them in one pass at num_steps."""
@@ -367,82 +379,12 @@ class _Run:
         return m, torch.where(run > m, draft[:, m], corrected)
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _settings(
-    model: RecurrentLM,
-    num_steps: int | None,
-    exit_criterion: str | None,
-    exit_threshold: float | None,
-    min_steps: int | None,
-    max_steps: int | None,
-    continuous_compute: bool,
-    draft_steps: int | None,
-    lookahead: int | None,
-    init_scale: float,
-) -> _Settings:
-    steps = _check_int(
-        "num_steps", model.config.mean_recurrence if num_steps is None else num_steps, 1
-    )
-    if exit_criterion is None:
-        if min_steps is not None or max_steps is not None or exit_threshold is not None:
-            raise ValueError("min_steps, max_steps and exit_threshold need an exit_criterion")
-        low, high = steps, steps
-    else:
-        ExitCriterion(exit_criterion, exit_threshold)  # validates name and threshold
-        high = _check_int("max_steps", steps if max_steps is None else max_steps, 1)
-        low = _check_int("min_steps", 1 if min_steps is None else min_steps, 1)
-        if low > high:
-            raise ValueError(f"min_steps ({low}) exceeds max_steps ({high})")
-    if lookahead is not None and draft_steps is None:
-        raise ValueError("lookahead needs draft_steps (the draft depth of speculative decoding)")
-    if draft_steps is not None:
-        _check_int("draft_steps", draft_steps, 1)
-        lookahead = _check_int("lookahead", 4 if lookahead is None else lookahead, 1)
-        if exit_criterion is not None or continuous_compute:
-            raise ValueError(
-                "self-speculative decoding verifies tokens in parallel, so it cannot be combined "
-                "with exit_criterion or continuous_compute"
-            )
-    if init_scale < 0:
-        raise ValueError(f"init_scale must be >= 0, got {init_scale}")
-    return _Settings(
-        steps, low, high, exit_criterion, exit_threshold, bool(continuous_compute),
-        draft_steps, lookahead or 0, float(init_scale),
-    )  # fmt: skip
-
-
-def _check_inputs(
-    model: RecurrentLM,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    attention_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.numel() == 0:
-        raise ValueError("input_ids must be a non-empty (batch, tokens) tensor of token ids")
-    if input_ids.is_floating_point() or input_ids.is_complex():
-        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
-    _check_int("max_new_tokens", max_new_tokens, 0)
-    T, context = input_ids.shape[1], model.config.block_size
-    if T > context:
-        raise ContextLengthError(
-            f"the prompt has {T} tokens but the model's context is {context} tokens (block_size)"
-        )
-    if T + max_new_tokens > context:
-        raise ContextLengthError(
-            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
-            f"context of {context} tokens; lower max_new_tokens to at most {context - T}"
-        )
-    vocab = model.config.vocab_size
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-        raise ValueError(f"input_ids must lie in [0, {vocab}) (the vocabulary)")
-    input_ids = input_ids.to(device=model.device, dtype=torch.long)
+def _check_mask(
+    model: RecurrentLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The left-padding mask (B, T) as booleans on the model's device, checked."""
     if attention_mask is None:
-        return input_ids, None
+        return None
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)}, expected "
@@ -451,7 +393,7 @@ def _check_inputs(
     mask = attention_mask.to(device=model.device).bool()
     if not bool(mask[:, -1].all()) or not bool((mask[:, 1:] >= mask[:, :-1]).all()):
         raise ValueError("only left padding is supported: each row's pads must come first")
-    return input_ids, mask
+    return mask
 
 
 @overload
@@ -511,31 +453,18 @@ def generate(
     if num_steps is not None:
         options["num_steps"] = num_steps
     opts = (config or GenerationConfig()).replace(**options)
-    input_ids, mask = _check_inputs(model, input_ids, max_new_tokens, attention_mask)
-    settings = _settings(
-        model, opts.num_steps, opts.exit_criterion, opts.exit_threshold, opts.min_steps,
-        opts.max_steps, opts.continuous_compute, opts.draft_steps, opts.lookahead, opts.init_scale,
-    )  # fmt: skip
-    sampler = Sampler(
-        opts.do_sample, opts.temperature, opts.top_k, opts.top_p, opts.min_p, generator
-    )
-    tok = model.tokenizer
-    stop_tokens: Iterable[int] | None = opts.stop_tokens
-    if stop_tokens is None:
-        stop_tokens = tuple(tok.stop_ids) if tok is not None else ()
-    stops = torch.tensor(sorted({int(t) for t in stop_tokens}), dtype=torch.long)
-    pad_token_id = opts.pad_token_id
+    input_ids = check_prompt(model, input_ids, max_new_tokens)
+    mask = _check_mask(model, input_ids, attention_mask)
+    cfg = opts.resolved(model)
+    sampler = Sampler(cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p, generator)
+    pad_token_id = cfg.pad_token_id
     if pad_token_id is None:
+        tok = model.tokenizer
         pad_token_id = int(getattr(tok, "pad_id", 0) or 0) if tok is not None else 0
-    if opts.cache_budget is not None:
-        _check_int("cache_budget", opts.cache_budget, 1)
-    with torch.inference_mode():  # no autograd bookkeeping: +16 % tokens/s on small models
-        run = _Run(
-            model, input_ids, max_new_tokens, settings, sampler, stops.to(model.device),
-            pad_token_id, mask, opts.cache_budget, streamer, opts.output_scores, opts.compile,
-        )  # fmt: skip
+    with torch.inference_mode():  # no autograd bookkeeping: a faster loop on small models
+        run = _Run(model, input_ids, max_new_tokens, cfg, sampler, pad_token_id, mask, streamer)
         if max_new_tokens > 0:
-            if settings.draft_steps is not None:
+            if cfg.draft_steps is not None:
                 run.speculative(input_ids)
             else:
                 run.plain(input_ids)

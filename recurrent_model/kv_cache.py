@@ -1,7 +1,8 @@
 """A preallocated key/value cache indexed per layer call, for batched autoregressive decoding.
 
-Layer-call indices follow the reference implementation: prelude layer i -> i, core layer j at iteration
-``step`` -> l_P + l_R·(step − 1) + j, coda layer k -> k − l_C (negative). With a ``budget`` of N core
+Layer-call indices follow the reference implementation (:func:`stack.core_call_index`): prelude layer
+i -> i, core layer j at iteration ``step`` -> l_P + l_R·(step − 1) + j, coda layer k -> k − l_C
+(negative). With a ``budget`` of N core
 slots per token, core index c is stored in slot (c − l_P) mod N + l_P, so later iterations overwrite
 older ones; a budget ≥ l_R·max_steps is the full cache.
 
@@ -18,6 +19,7 @@ import os
 import torch
 
 from .config import RecurrentConfig
+from .stack import core_call_index
 
 
 class KVCacheTooLarge(MemoryError):
@@ -176,7 +178,7 @@ class KVCache:
 
     def core_slot(self, step: int, layer: int) -> int:
         """The storage slot of core layer ``layer`` at 1-based iteration ``step``."""
-        return self.physical(self.n_prelude + self.n_core * (step - 1) + layer)
+        return self.physical(core_call_index(self.n_prelude, self.n_core, step, layer))
 
     def set_padding(self, attention_mask: torch.Tensor) -> None:
         """Mark pad positions of the prompt (attention_mask (B, T), 0 = pad); later ones are real."""

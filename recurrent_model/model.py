@@ -13,29 +13,24 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import functional as fn
+from . import hook_names, stack
 from .config import ContextLengthError, RecurrentConfig
 from .depth import split_depth
 from .diffusion import DiffusionOutput, generate_diffusion
 from .generation import GenerationOutput, generate
 from .hooks import ActivationCache, HookError, HookFn, HookPoint, name_matcher
-from .layers import KVCacheSlot, RMSNorm, SandwichBlock, rope_table
+from .layers import RMSNorm, SandwichBlock, rope_table
 from .saving import save_pretrained
+from .stack import CacheSlots, LayerCache, LayerStack, StackHooks, run_module
 
 __all__ = ["ContextLengthError", "LayerCache", "ModelOutput", "RecurrentLM", "Transformer"]
-
-
-class LayerCache(Protocol):
-    """A KV cache indexed per layer call (prelude i, core l_P + l_R·(step−1) + j, coda −(l_C − k))."""
-
-    def slot(self, index: int) -> KVCacheSlot: ...
 
 
 @dataclass
@@ -87,14 +82,16 @@ class RecurrentLM(nn.Module):
         self._rope: torch.Tensor | None = None  # built on first use, on the weights' device
         self.activation_checkpointing = False
         self.tokenizer: Any = None
-        self.hook_embed = HookPoint("hook_embed")
-        self.hook_e = HookPoint("hook_e")
-        self.hook_state = HookPoint("core.hook_state", iterated=True)
-        self.hook_adapter = HookPoint("core.hook_adapter", iterated=True)
-        self.hook_latent = HookPoint("hook_latent")
-        self.hook_final_norm = HookPoint("hook_final_norm")
-        self.hook_logits = HookPoint("hook_logits")
+        self._compile_state: Any = None  # the compiled path's per-model state (compiled.py)
+        self.hook_embed = HookPoint(hook_names.EMBED)
+        self.hook_e = HookPoint(hook_names.E)
+        self.hook_state = HookPoint(hook_names.STATE, iterated=True)
+        self.hook_adapter = HookPoint(hook_names.ADAPTER, iterated=True)
+        self.hook_latent = HookPoint(hook_names.LATENT)
+        self.hook_final_norm = HookPoint(hook_names.FINAL_NORM)
+        self.hook_logits = HookPoint(hook_names.LOGITS)
         self._hook_points = self._collect_hook_points()
+        self.stack_hooks = self._stack_hooks()
         if init_weights:
             self.reset_parameters()
 
@@ -112,6 +109,15 @@ class RecurrentLM(nn.Module):
             points += block.hook_points()
         points += [self.hook_final_norm, self.hook_logits]
         return {p.name: p for p in points}
+
+    def _stack_hooks(self) -> StackHooks:
+        t = self.transformer
+        blocks = lambda layers: tuple(tuple(b.hook_points()) for b in layers)  # noqa: E731
+        return StackHooks(
+            self.hook_embed, blocks(t.prelude), self.hook_e, self.hook_adapter, self.hook_state,
+            blocks(t.core_block), self.hook_latent, blocks(t.coda), self.hook_final_norm,
+            self.hook_logits,
+        )  # fmt: skip
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -174,15 +180,28 @@ class RecurrentLM(nn.Module):
             self._rope = table
         return table[start:end]
 
+    def layer_stack(self) -> LayerStack:
+        """The forward recipe's layers as the block modules (see :class:`stack.LayerStack`)."""
+        return LayerStack.of(self, modules=True)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.hook_embed(fn.embed(input_ids, self.transformer.wte.weight, self.emb_scale))
+        return stack.embed(self.layer_stack(), input_ids, self.stack_hooks)
+
+    def _slots(self, cache: LayerCache | None) -> CacheSlots | None:
+        if cache is None:
+            return None
+        cfg = self.config
+        n_prelude, n_core = cfg.n_layers_in_prelude, cfg.n_layers_in_recurrent_block
+        return CacheSlots(cache, n_prelude, n_core, cfg.n_layers_in_coda)
 
     def prelude(
         self, x: torch.Tensor, rope: torch.Tensor, cache: LayerCache | None = None
     ) -> torch.Tensor:
-        for i, block in enumerate(self.transformer.prelude):
-            x = block(x, rope, None, cache.slot(i) if cache is not None else None)
-        return self.hook_e(x)
+        """e = Prelude(x) of the embedded tokens (see :meth:`embed`)."""
+        slots = self._slots(cache)
+        prelude_slots = slots.prelude if slots is not None else None
+        hooks = self.stack_hooks
+        return stack.prelude(self.layer_stack(), x, rope, prelude_slots, hooks, run_module)
 
     def initial_state(
         self,
@@ -207,25 +226,19 @@ class RecurrentLM(nn.Module):
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         """One iteration s_{step−1} -> s_step (step is 1-based)."""
-        x = self.hook_adapter(fn.adapter(state, e, self.transformer.adapter.weight), step)
-        n_core = len(self.transformer.core_block)
-        base = self.config.n_layers_in_prelude + n_core * (step - 1)
-        for j, block in enumerate(self.transformer.core_block):
-            x = block(x, rope, step, cache.slot(base + j) if cache is not None else None)
-        return self.hook_state(x, step)
+        slots = self._slots(cache)
+        core_slots = slots.core(step) if slots is not None else None
+        w, hooks = self.layer_stack(), self.stack_hooks
+        return stack.core_step(w, state, e, rope, step, core_slots, hooks, run_module)
 
     def coda(
         self, state: torch.Tensor, rope: torch.Tensor, cache: LayerCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ln_f(s_r) -> coda -> ln_f -> lm_head. Returns (float32 logits, latents = ln_f(s_r))."""
-        latents = self.hook_latent(self.transformer.ln_f(state))
-        x = latents
-        n_coda = len(self.transformer.coda)
-        for k, block in enumerate(self.transformer.coda):
-            x = block(x, rope, None, cache.slot(k - n_coda) if cache is not None else None)
-        x = self.hook_final_norm(self.transformer.ln_f(x))
-        logits = self.hook_logits(self.lm_head(x).float())
-        return logits, latents
+        slots = self._slots(cache)
+        coda_slots = slots.coda if slots is not None else None
+        w, hooks = self.layer_stack(), self.stack_hooks
+        return stack.coda(w, state, rope, coda_slots, hooks, block=run_module)
 
     def iterate(
         self,
@@ -358,8 +371,8 @@ class RecurrentLM(nn.Module):
     ) -> tuple[ModelOutput, ActivationCache]:
         """Forward pass that records the activations of every hook accepted by ``names_filter``.
 
-        Per-iteration hooks are stacked: ``cache["core.hook_state"]`` is (num_steps + 1, B, T, h) with
-        s_0 … s_r. ``cache_device`` (e.g. "cpu") and ``cache_dtype`` (e.g. torch.float16) shrink
+        Per-iteration hooks are stacked: ``cache[hook_names.STATE]`` is (num_steps + 1, B, T, h) with
+        s_0 … s_r; ``cache.at(name, step)`` reads one step. ``cache_device`` (e.g. "cpu") and ``cache_dtype`` (e.g. torch.float16) shrink
         recordings of big runs.
         """
         steps = self.config.mean_recurrence if num_steps is None else int(num_steps)
@@ -373,13 +386,14 @@ class RecurrentLM(nn.Module):
                     device=cache_device or x.device, dtype=cache_dtype or x.dtype
                 )
                 return
-            is_state = point is self.hook_state
+            first = hook_names.first_step(point.name)  # 0 for s_0 … s_r, else 1 … r
             if point.name not in cache:
-                n = steps + 1 if is_state else steps
                 cache[point.name] = torch.empty(
-                    (n, *x.shape), device=cache_device or x.device, dtype=cache_dtype or x.dtype
+                    (steps + 1 - first, *x.shape),
+                    device=cache_device or x.device,
+                    dtype=cache_dtype or x.dtype,
                 )
-            cache[point.name][step if is_state else step - 1].copy_(x)
+            cache[point.name][step - first].copy_(x)
 
         recorders = [
             (name, lambda x, hook, p=point: store(x, p, hook.step))
@@ -435,15 +449,50 @@ class RecurrentLM(nn.Module):
             self, input_ids, max_new_tokens, num_steps, return_details=return_details, **options
         )
 
+    @overload
     def generate_diffusion(
-        self, input_ids: torch.Tensor, max_new_tokens: int, **options: Any
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        num_steps: int | None = None,
+        *,
+        return_details: Literal[False] = False,
+        **options: Any,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def generate_diffusion(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        num_steps: int | None = None,
+        *,
+        return_details: Literal[True],
+        **options: Any,
+    ) -> DiffusionOutput: ...
+
+    def generate_diffusion(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        num_steps: int | None = None,
+        *,
+        return_details: bool = False,
+        **options: Any,
     ) -> torch.Tensor | DiffusionOutput:
         """Generation with the diffusion-forcing sampler (parallel decoding across depth).
 
-        Batch size 1; ``return_details=True`` adds the analysis tablets. See
-        ``recurrent_model.diffusion.generate_diffusion`` for every keyword argument.
+        Batch size 1; ``return_details=True`` adds the analysis tablets. Options:
+        ``config=DiffusionConfig(...)`` and/or its fields as keywords (``inner_recurrence``,
+        ``headway``, ``freeze_strategy``, ...), plus ``generator`` and ``streamer``; num_steps
+        defaults to 32, the published sampler's default. See
+        ``recurrent_model.diffusion.generate_diffusion``.
         """
-        return generate_diffusion(self, input_ids, max_new_tokens, **options)
+        if num_steps is not None:
+            options["num_steps"] = num_steps
+        return generate_diffusion(
+            self, input_ids, max_new_tokens, return_details=return_details, **options
+        )
 
     # Persistence ---------------------------------------------------------------------------------
     def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import recurrent_model as rm
+from recurrent_model import hook_names
 
 
 def test_compiled_blocks_match_eager_and_keep_hooks():
@@ -21,7 +22,7 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
         torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
         steps = []
         zero = lambda x, hook: steps.append(hook.step) or torch.zeros_like(x)  # noqa: E731
-        with model.hooks([("core.1.hook_mlp_out", zero)]):
+        with model.hooks([(hook_names.core(1, "hook_mlp_out"), zero)]):
             ablated = model(ids, num_steps=3, init_scale=0.0).logits
     assert steps == [1, 2, 3]
     assert not torch.allclose(ablated, eager, atol=1e-3)
@@ -196,24 +197,102 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
 
 
 def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directly():
-    from recurrent_model import compiled as C
+    from recurrent_model.compiled import CompileState, _Captured
+
+    state = CompileState()
+    x, s0 = torch.ones(1, 1), torch.zeros(1, 1, 4)
+    args = (None, x, None, None, s0, None, None, 1, True, True)
+    sources = ("L['state']", "L['x']")
+    plus_one = _Captured(lambda s, x: (x + 1,), sources, 1)  # s is passed through
+    assert state.direct_graph(("bad",), plus_one, args, (x + 2, s0)) is None
+    assert ("bad",) not in state.direct
+    unknown = _Captured(lambda s, x: (x + 1,), ("L['state']", "L['other']"), 1)
+    assert state.direct_graph(("odd",), unknown, args, (x + 1, s0)) is None  # not known fixed
+    miscounted = _Captured(
+        lambda s, x: (x + 1, s), sources, 2
+    )  # outputs ≠ results less pass-throughs
+    assert state.direct_graph(("miscounted",), miscounted, args, (x + 1, s0)) is None
+    direct = state.direct_graph(("good",), plus_one, args, (x + 1, s0))
+    assert state.direct[("good",)].sources == sources
+    y, s = direct(torch.full((1, 1), 5.0), None, s0 + 3, None)  # the per-token inputs replaced
+    assert torch.equal(y, torch.full((1, 1), 6.0)) and torch.equal(s, s0 + 3)
+    again = state.direct_graph(("good",), None, args, (x + 1, s0))  # found again without a capture
+    assert isinstance(again, type(direct)) and again.inputs == direct.inputs
+
+
+def test_graph_input_sources_resolve_to_the_piece_arguments():
+    from recurrent_model.compiled import resolve_source
+    from recurrent_model.stack import LayerStack
 
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
-    x, state = torch.ones(1, 1), torch.zeros(1, 1, 4)
-    args = (None, x, None, None, state, None, None, 1, True, True)
-    sources = ("L['state']", "L['x']")
-    C._CAPTURED[:] = [(lambda s, x: (x + 1,), sources, 1)]  # s is passed through
-    assert C._direct_graph(model, ("bad",), args, (x + 2, state)) is None
-    assert ("bad",) not in C._DIRECT[model]
-    C._CAPTURED[:] = [(lambda s, x: (x + 1,), ("L['state']", "L['other']"), 1)]
-    assert (
-        C._direct_graph(model, ("odd",), args, (x + 1, state)) is None
-    )  # an input not known fixed
-    C._CAPTURED[:] = [(lambda s, x: (x + 1, s), sources, 2)]  # outputs ≠ results less pass-throughs
-    assert C._direct_graph(model, ("miscounted",), args, (x + 1, state)) is None
-    C._CAPTURED[:] = [(lambda s, x: (x + 1,), sources, 1)]  # s is passed through
-    direct = C._direct_graph(model, ("good",), args, (x + 1, state))
-    assert C._DIRECT[model][("good",)][1] == sources
-    y, s = direct(torch.full((1, 1), 5.0), None, state + 3, None)  # the per-token inputs replaced
-    assert torch.equal(y, torch.full((1, 1), 6.0)) and torch.equal(s, state + 3)
-    assert not C._CAPTURED
+    w = LayerStack.of(model)
+    slots = (torch.zeros(2), torch.ones(3))
+    args = {"w": w, "slots": slots}
+    assert resolve_source("L['w'][3][1][2]", args) is w.core[1].qk_bias
+    assert resolve_source("L['w'].core[1].wqkv", args) is w.core[1].wqkv
+    assert resolve_source("L['slots'][1]", args) is slots[1]
+    for bad in ("L['nothing']", "G['w']", "L['w'][0](1)", "L['w'].__class__()"):
+        with pytest.raises(KeyError):
+            resolve_source(bad, args)
+
+
+def test_direct_calls_fall_back_with_one_note_on_an_unchecked_torch(monkeypatch):
+    from recurrent_model import compiled as C
+
+    monkeypatch.setattr(C, "DIRECT_CALL_TORCH", ((1, 0),))
+    state = C.CompileState()
+    with pytest.warns(RuntimeWarning, match="plain torch.compile|torch.compile's guards"):
+        assert state.function("decode", ("k",), None).recorder is None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the note is given once per model
+        assert state.function("decode", ("k2",), None).recorder is None
+    monkeypatch.setattr(C, "DIRECT_CALL_TORCH", (C.torch_release(),))
+    assert C.CompileState().function("decode", ("k",), None).recorder is not None
+
+
+def test_compile_state_is_per_model():
+    from recurrent_model.compiled import compile_state
+
+    a, b = (rm.RecurrentLM(rm.preset("tiny")).eval() for _ in range(2))
+    assert compile_state(a) is compile_state(a) and compile_state(a) is not compile_state(b)
+    shape = rm.KVCache.shape_for(a.config, 1, 8, 2)
+    storage = compile_state(a).static_storage(shape, torch.float32, a.device, 2)
+    storage.fill_(1.0)
+    assert compile_state(a).static_storage(shape, torch.float32, a.device, 2) is storage
+    assert not storage.any()  # handed out zeroed
+    assert compile_state(b).storage is None
+
+
+def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monkeypatch):
+    from recurrent_model import compiled as C
+    from recurrent_model.stack import LayerStack
+
+    calls = []
+
+    def fake_timing(shape, dtype):  # torch's product faster for the square shapes only
+        calls.append(shape)
+        square = shape[0] == shape[1]
+        return {"sum": 2.0 if square else 1.0, "matvec": 1.0 if square else 2.0}
+
+    monkeypatch.setattr(C, "time_products", fake_timing)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    state, w = C.CompileState(), LayerStack.of(model)
+    h = model.config.n_embd
+    assert state.matvec_shapes(w) == ((h, h),)  # the attention output projection
+    shapes = {(3 * h, h), (h, h), (2 * model.config.intermediate_size, h), (h, 128), (h, 2 * h),
+              (model.config.vocab_size, h)}  # fmt: skip
+    assert sorted(calls) == sorted(shapes)
+    assert state.matvec_shapes(w) == ((h, h),) and len(calls) == len(shapes)  # cached per shape
+
+
+def test_a_one_row_projection_kept_as_matvec_in_a_compiled_graph_gives_the_product():
+    from recurrent_model import functional as fn
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 1, 48, generator=g), torch.randn(80, 48, generator=g)
+    kept = torch.compile(lambda x, w: fn.linear(x, w, {(80, 48)}), fullgraph=True)(x, w)
+    summed = torch.compile(lambda x, w: fn.linear(x, w), fullgraph=True)(x, w)
+    torch.testing.assert_close(kept, x @ w.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(summed, x @ w.T, rtol=1e-5, atol=1e-5)

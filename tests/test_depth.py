@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 import recurrent_model as rm
+from recurrent_model import hook_names
 from recurrent_model.depth import draw_depths
 
 
@@ -61,7 +62,7 @@ def test_gradient_reaches_only_last_k_iterations_but_e_always():
     model = rm.RecurrentLM(rm.preset("tiny")).train()
     ids = torch.randint(0, model.config.vocab_size, (2, 8))
     states = []
-    with model.hooks([("core.hook_state", lambda x, hook: states.append((hook.step, x)))]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: states.append((hook.step, x)))]):
         out = model(ids, num_steps=6, backprop_depth=2, labels=ids)
     out.loss.backward()
     grad_flags = {step: x.requires_grad for step, x in states}
@@ -74,7 +75,7 @@ def test_training_mode_defaults_to_mean_backprop_depth():
     model = rm.RecurrentLM(rm.preset("tiny", mean_backprop_depth=1)).train()
     ids = torch.randint(0, model.config.vocab_size, (1, 4))
     flags = []
-    with model.hooks([("core.hook_state", lambda x, hook: flags.append(x.requires_grad))]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: flags.append(x.requires_grad))]):
         model(ids, num_steps=3)
     assert flags == [False, False, False, True]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurrent_model import RecurrentConfig, RecurrentLM
+from recurrent_model import RecurrentConfig, RecurrentLM, hook_names
 from recurrent_model.diffusion import DiffusionOutput, generate_diffusion
 
 V = 96
@@ -270,7 +270,7 @@ def test_other_strategies_and_sampling(model, prompt):
 def test_hooked_path_and_method_agree(model, prompt):
     kw = dict(num_steps=4, inner_recurrence=2, init_scale=0.0, stop_tokens=())
     fast = generate_diffusion(model, prompt, 6, **kw)
-    with model.hooks([("core.hook_state", lambda x, hook: None)]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
         hooked = generate_diffusion(model, prompt, 6, **kw)
     assert torch.equal(fast, hooked)
     assert torch.equal(model.generate_diffusion(prompt, 6, **kw), fast)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import recurrent_model as rm
 from recurrent_model import functional as fn
+from recurrent_model import hook_names
 from recurrent_model.generation import GenerationConfig, generate
 from recurrent_model.sampling import ExitCriterion, minp_log_probs
 
@@ -38,7 +39,7 @@ def ids(batch: int = 2, length: int = 6, seed: int = 1) -> torch.Tensor:
 def test_fast_cached_path_is_bit_identical_to_the_hooked_model_path(model):
     kw = dict(num_steps=3, init_scale=0.0, stop_tokens=(), output_scores=True, return_details=True)
     fast = generate(model, ids(), 6, **kw)
-    with model.hooks([("core.hook_state", lambda x, hook: None)]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
         assert model.has_hooks()
         hooked = generate(model, ids(), 6, **kw)
     assert not model.has_hooks()

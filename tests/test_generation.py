@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import recurrent_model as rm
+from recurrent_model import hook_names
 from recurrent_model.generation import GenerationOutput, generate
 
 
@@ -36,7 +37,7 @@ def test_hooked_path_matches_fast_path(model):
     ids = prompt(2, 6)
     fast = generate(model, ids, 6, num_steps=3, init_scale=0.0, return_details=True,
                     output_scores=True)  # fmt: skip
-    with model.hooks([("core.hook_state", lambda x, hook: None)]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
         hooked = generate(model, ids, 6, num_steps=3, init_scale=0.0, return_details=True,
                           output_scores=True)  # fmt: skip
     assert torch.equal(fast.sequences, hooked.sequences)
@@ -47,7 +48,7 @@ def test_hooks_steer_generation(model):
     ids = prompt(1, 4)
     plain = generate(model, ids, 6, num_steps=3, init_scale=0.0, output_scores=True,
                      return_details=True)  # fmt: skip
-    with model.hooks([("core.hook_state", lambda x, hook: x * 0 if hook.step == 3 else None)]):
+    with model.hooks([(hook_names.STATE, lambda x, hook: x * 0 if hook.step == 3 else None)]):
         steered = generate(model, ids, 6, num_steps=3, init_scale=0.0, output_scores=True,
                            return_details=True)  # fmt: skip
     assert not torch.allclose(plain.scores, steered.scores)
@@ -118,10 +119,14 @@ def test_stop_tokens_pad_finished_rows(model):
 
 
 def test_stop_when_all_rows_finish(model):
+    # The stop token is the third token of greedy decoding by full recomputation: generation ends
+    # right after its first occurrence, with exactly the recomputed tokens up to there.
     ids = prompt(1, 4)
-    free = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=())
-    out = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=[int(free[0, 4])])
-    assert out.shape == (1, 5)
+    reference = greedy_by_recomputation(model, ids, 6, 2)
+    stop = int(reference[0, 6])
+    end = 4 + reference[0, 4:].tolist().index(stop) + 1
+    out = generate(model, ids, 6, num_steps=2, init_scale=0.0, stop_tokens=[stop])
+    assert torch.equal(out, reference[:, :end])
 
 
 def test_streamer_sees_every_token(model):
@@ -155,7 +160,7 @@ def test_continuous_compute_warm_starts(model):
         if hook.step == 0:
             states.append(x.clone())
 
-    with model.hooks([("core.hook_state", record)]):
+    with model.hooks([(hook_names.STATE, record)]):
         out = generate(model, ids, 3, num_steps=3, continuous_compute=True, stop_tokens=(),
                        init_scale=0.0, return_details=True)  # fmt: skip
     assert out.sequences.shape == (1, 8)
@@ -207,9 +212,12 @@ def test_bfloat16_model_generates():
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval().to(torch.bfloat16)
     ids = prompt(2, 4)
+    fixed = generate(model, ids, 5, num_steps=3, init_scale=0.0, stop_tokens=())
+    assert torch.equal(fixed, greedy_by_recomputation(model, ids, 5, 3))  # bf16 without a cache
     out = generate(model, ids, 5, num_steps=3, init_scale=0.0, stop_tokens=(),
                    exit_criterion="kl", exit_threshold=1e-2, return_details=True)  # fmt: skip
     assert out.sequences.shape == (2, 9) and out.sequences.dtype == torch.long
+    assert torch.equal(out.sequences[:, :4], ids)
     assert ((out.steps >= 1) & (out.steps <= 3)).all()
     assert out.cache_bytes == rm.KVCache(model.config, 2, 9, 3).memory_bytes // 2  # 2 bytes
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import recurrent_model as rm
+from recurrent_model import hook_names
 
 LAYER_HOOKS = ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
@@ -33,48 +34,48 @@ def test_exact_ordered_hook_names_for_tiny_config(model):
 def test_run_with_cache_records_every_state_including_s0(model, ids):
     s0 = torch.randn(2, 6, model.config.n_embd)
     out, cache = model.run_with_cache(ids, num_steps=5, init_state=s0)
-    states = cache["core.hook_state"]
+    states = cache[hook_names.STATE]
     assert states.shape == (6, 2, 6, model.config.n_embd)
     assert torch.equal(states[0], s0)
     assert torch.equal(states[-1], out.state)
     # s_i is the output of the last core layer at iteration i
-    assert torch.equal(cache["core.1.hook_resid_post"], states[1:])
-    assert cache["core.0.hook_attn_out"].shape == (5, 2, 6, model.config.n_embd)
-    assert torch.equal(cache["hook_latent"], out.latents)
+    assert torch.equal(cache[hook_names.core(1)], states[1:])
+    assert cache[hook_names.core(0, "hook_attn_out")].shape == (5, 2, 6, model.config.n_embd)
+    assert torch.equal(cache[hook_names.LATENT], out.latents)
     assert set(cache) == set(model.hook_names())
     plain = model(ids, num_steps=5, init_state=s0)
     assert torch.equal(plain.logits, out.logits)
 
 
 def test_names_filter_device_and_dtype(model, ids):
-    _, only = model.run_with_cache(ids, num_steps=3, names_filter="core.hook_state")
-    assert list(only) == ["core.hook_state"]
+    _, only = model.run_with_cache(ids, num_steps=3, names_filter=hook_names.STATE)
+    assert list(only) == [hook_names.STATE]
     _, some = model.run_with_cache(ids, 3, names_filter=lambda n: n.startswith("coda."))
     assert all(n.startswith("coda.") for n in some) and len(some) == 4
     _, small = model.run_with_cache(
-        ids, 3, names_filter=["core.hook_state"], cache_device="cpu", cache_dtype=torch.float16
+        ids, 3, names_filter=[hook_names.STATE], cache_device="cpu", cache_dtype=torch.float16
     )
-    assert small["core.hook_state"].dtype == torch.float16
+    assert small[hook_names.STATE].dtype == torch.float16
     with pytest.raises(KeyError, match="was not recorded"):
-        only["hook_e"]
+        only[hook_names.E]
 
 
 def test_hook_steps_are_reported(model, ids):
     seen = []
     hooks = [
-        ("core.hook_state", lambda x, hook: seen.append((hook.name, hook.step))),
-        ("core.0.hook_resid_post", lambda x, hook: seen.append((hook.name, hook.step))),
-        ("hook_e", lambda x, hook: seen.append((hook.name, hook.step))),
+        (hook_names.STATE, lambda x, hook: seen.append((hook.name, hook.step))),
+        (hook_names.core(0), lambda x, hook: seen.append((hook.name, hook.step))),
+        (hook_names.E, lambda x, hook: seen.append((hook.name, hook.step))),
     ]
     with model.hooks(hooks):
         model(ids, num_steps=2)
     assert seen == [
-        ("hook_e", None),
-        ("core.hook_state", 0),
-        ("core.0.hook_resid_post", 1),
-        ("core.hook_state", 1),
-        ("core.0.hook_resid_post", 2),
-        ("core.hook_state", 2),
+        (hook_names.E, None),
+        (hook_names.STATE, 0),
+        (hook_names.core(0), 1),
+        (hook_names.STATE, 1),
+        (hook_names.core(0), 2),
+        (hook_names.STATE, 2),
     ]
 
 
@@ -86,13 +87,13 @@ def test_patching_a_state_replaces_it_for_later_iterations(model, ids):
     def patch(x, hook):
         return donor if hook.step == 2 else None
 
-    with model.hooks([("core.hook_state", patch)]):
+    with model.hooks([(hook_names.STATE, patch)]):
         _, patched = model.run_with_cache(ids, num_steps=4, init_state=s0)
-    states = patched["core.hook_state"]
-    assert torch.equal(states[:2], clean["core.hook_state"][:2])
+    states = patched[hook_names.STATE]
+    assert torch.equal(states[:2], clean[hook_names.STATE][:2])
     assert torch.equal(states[2], donor)
     # s_3 is computed from the patched s_2: rerunning one step from the donor reproduces it
-    e = patched["hook_e"]
+    e = patched[hook_names.E]
     rope = model.rope_at(0, 6)
     torch.testing.assert_close(model.core_step(donor, e, rope, 3).detach(), states[3])
 
@@ -101,7 +102,7 @@ def test_zero_ablation_and_steering_change_outputs(model, ids):
     base = model(ids, num_steps=3, init_scale=0.0).logits
     with model.hooks([(lambda n: n.endswith("hook_mlp_out"), lambda x, hook: torch.zeros_like(x))]):
         ablated = model(ids, num_steps=3, init_scale=0.0).logits
-    with model.hooks([("hook_e", lambda x, hook: x * 1.5)]):
+    with model.hooks([(hook_names.E, lambda x, hook: x * 1.5)]):
         steered = model(ids, num_steps=3, init_scale=0.0).logits
     assert not torch.allclose(base, ablated) and not torch.allclose(base, steered)
     assert torch.equal(model(ids, num_steps=3, init_scale=0.0).logits, base)  # hooks gone
@@ -109,7 +110,7 @@ def test_zero_ablation_and_steering_change_outputs(model, ids):
 
 def test_hooks_removed_on_exception(model, ids):
     with pytest.raises(RuntimeError, match="boom"):
-        with model.hooks([("hook_embed", lambda x, hook: None)]):
+        with model.hooks([(hook_names.EMBED, lambda x, hook: None)]):
             raise RuntimeError("boom")
     assert all(not model.hook_point(n).fns for n in model.hook_names())
 
@@ -117,9 +118,9 @@ def test_hooks_removed_on_exception(model, ids):
         raise ValueError("inside hook")
 
     with pytest.raises(ValueError, match="inside hook"):
-        with model.hooks([("core.hook_state", broken)]):
+        with model.hooks([(hook_names.STATE, broken)]):
             model(ids, num_steps=1)
-    assert not model.hook_point("core.hook_state").fns
+    assert not model.hook_point(hook_names.STATE).fns
 
 
 def test_bad_hook_name_and_bad_replacement_are_clear_errors(model, ids):
@@ -127,5 +128,5 @@ def test_bad_hook_name_and_bad_replacement_are_clear_errors(model, ids):
         with model.hooks([("core.hook_stat", lambda x, hook: None)]):
             pass
     with pytest.raises(rm.HookError, match="shape"):
-        with model.hooks([("hook_e", lambda x, hook: x[:, :1])]):
+        with model.hooks([(hook_names.E, lambda x, hook: x[:, :1])]):
             model(ids, num_steps=1)

@@ -9,6 +9,7 @@ import torch
 from reference_forward import reference_forward
 
 import recurrent_model as rm
+from recurrent_model import hook_names
 from recurrent_model.layers import (
     Attention,
     GatedMLP,
@@ -131,7 +132,7 @@ def test_whole_forward_matches_independent_reference():
         out, cache = model.run_with_cache(ids, num_steps=5, init_state=s0)
         ref_logits, ref_states = reference_forward(model, ids, 5, s0)
     assert out.logits.dtype == torch.float32
-    torch.testing.assert_close(cache["core.hook_state"], ref_states, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cache[hook_names.STATE], ref_states, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
 
 
@@ -144,7 +145,7 @@ def test_adapter_concat_order_is_state_then_embedding():
         model.transformer.adapter.weight.zero_()
         model.transformer.adapter.weight[:, :h] = torch.eye(h)  # keep only the state half
         s0 = torch.randn(1, 6, h)
-        with model.hooks([("core.hook_adapter", lambda x, hook: seen.setdefault("a", x.clone()))]):
+        with model.hooks([(hook_names.ADAPTER, lambda x, hook: seen.setdefault("a", x.clone()))]):
             model(ids, num_steps=1, init_state=s0)
     torch.testing.assert_close(seen["a"], s0)
 
@@ -153,16 +154,16 @@ def test_embedding_scaled_by_sqrt_h_and_head_tied():
     model = tiny()
     ids = torch.randint(0, model.config.vocab_size, (1, 5))
     _, cache = model.run_with_cache(
-        ids, num_steps=1, names_filter=["hook_embed", "hook_final_norm"]
+        ids, num_steps=1, names_filter=[hook_names.EMBED, hook_names.FINAL_NORM]
     )
     expected = model.transformer.wte.weight[ids] * math.sqrt(model.config.n_embd)
-    torch.testing.assert_close(cache["hook_embed"], expected.detach())
+    torch.testing.assert_close(cache[hook_names.EMBED], expected.detach())
     assert model.lm_head.weight is model.transformer.wte.weight
     # ln_f is applied twice: latents = ln_f(s_r), and the head reads ln_f(coda output).
     out, cache = model.run_with_cache(ids, num_steps=2, init_scale=0.0)
     torch.testing.assert_close(out.latents, model.transformer.ln_f(out.state).detach())
     torch.testing.assert_close(
-        out.logits, (cache["hook_final_norm"] @ model.transformer.wte.weight.T).detach()
+        out.logits, (cache[hook_names.FINAL_NORM] @ model.transformer.wte.weight.T).detach()
     )
 
 
@@ -186,7 +187,7 @@ def test_init_scale_zero_gives_exact_zeros_and_deterministic_runs():
     model = tiny()
     ids = torch.randint(0, model.config.vocab_size, (2, 7))
     out, cache = model.run_with_cache(ids, num_steps=3, init_scale=0.0)
-    assert torch.count_nonzero(cache["core.hook_state"][0]) == 0
+    assert torch.count_nonzero(cache[hook_names.STATE][0]) == 0
     again = model(ids, num_steps=3, init_scale=0.0)
     assert torch.equal(out.logits, again.logits)
 
