@@ -57,7 +57,7 @@ def patching_heatmap(
         ),
         xaxis=dict(title="step", type="category"),
         yaxis=dict(title="patched position", autorange="reversed", type="category"),
-        height=max(300, 18 * len(labels) + 120),
+        height=max(360, 24 * len(labels) + 160),
     )
     return fig
 
@@ -87,6 +87,7 @@ def _gap_too_small_figure(frame: pd.DataFrame, gap_note: str, title: str | None)
         xaxis=dict(visible=False),
         yaxis=dict(visible=False),
         height=300,
+        plot_bgcolor="white",
     )
     return fig
 
