@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from sklearn.decomposition import PCA
 
+from recurrent_model.standin import DEFAULT_CHECKPOINT
 from workbench import classify_dynamics
 from workbench.dynamics import (
     KINDS,
@@ -345,3 +346,60 @@ def test_period_two_flip_is_flagged() -> None:
     assert list(df.kind) == ["orbit", "orbit", "fixed_point"]
     assert list(df.flip) == [True, False, False]
     assert df.period.iloc[0] == pytest.approx(2.0, rel=1e-3)
+
+
+def _dying_flip(steps: int = 32, q: float = 0.93, seed: int = 5) -> np.ndarray:
+    """A token like the default checkpoint's "many" at 32 steps: a fast transient gone by step ~19,
+    then a period-2 alternation whose amplitude falls by q per step, wobbling from step to step
+    (so the step norms fit no clean log-linear line)."""
+    rng = np.random.default_rng(seed)
+    centre, u, v = rng.standard_normal(H), *_plane(rng)
+    t = np.arange(steps + 1)
+    flip = 0.3 * q**t * np.exp(0.3 * rng.standard_normal(steps + 1)) * (-1.0) ** t
+    jitter = 0.0005 * rng.standard_normal((steps + 1, H))
+    return centre + np.outer(4 * 0.6**t, u) + np.outer(flip, v) + jitter
+
+
+def test_a_dying_alternation_is_a_fixed_point_that_has_not_settled() -> None:
+    """A short transient is never an orbit: the alternation decays (its step norms alternate, so
+    their log-linear fit is poor), and the steps are still above fixed_tol."""
+    df = classify_dynamics(np.stack([_dying_flip(seed=s) for s in range(8)], axis=1))
+    assert (df.kind == "fixed_point").all(), df[["kind", "flip", "step_decay", "contraction_fit"]]
+    assert not df.settled.any() and (df.tail_relative_step > 1e-3).all()
+    sustained = _dying_flip(q=1.0)
+    assert classify_dynamics(sustained[:, None, :]).kind.iloc[0] == "orbit"  # same, not decaying
+
+
+def test_settled_means_the_last_steps_are_below_fixed_tol() -> None:
+    rng = np.random.default_rng(6)
+    c, d = rng.standard_normal(H), rng.standard_normal(H)
+    fast = c + np.outer(0.5 ** np.arange(65), d)  # converged long before the end
+    slow = c + np.outer(0.95 ** np.arange(65), d)  # still moving ~0.1 % a step at step 64
+    df = classify_dynamics(np.stack([fast, slow, _circle(7.0)], axis=1))
+    assert list(df.kind) == ["fixed_point", "fixed_point", "orbit"]
+    assert list(df.settled) == [True, False, False]
+    assert (df.max_tail_relative_step[df.settled] < 1e-3).all()
+    loose = classify_dynamics(slow[:, None, :], fixed_tol=0.1)
+    assert loose.settled.iloc[0]  # the threshold is the one rule 1 uses
+
+
+@pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="no default checkpoint")
+def test_default_prompt_at_32_steps_shows_no_moving_token_as_settled() -> None:
+    """The app's default: 32 steps on its default prompt. No token shown as a settled fixed point
+    moves more than 1 % a step, and no token whose steps are still dying away is an orbit."""
+    import recurrent_model as rm
+    from apps.inputs import DEFAULT_PROMPT
+    from workbench import collect
+
+    model = rm.load_model(DEFAULT_CHECKPOINT)
+    traj = collect(model, model.tokenizer.encode(DEFAULT_PROMPT), 32, seeds=(0,))
+    states = traj.states[0].astype(np.float64)
+    df = classify_dynamics(states, tokens=traj.tokens)
+    rel = np.linalg.norm(np.diff(states, axis=0), axis=-1) / np.linalg.norm(states[1:], axis=-1)
+    settled = df.settled.to_numpy()
+    assert settled.any() and (rel[-4:, settled] < 0.01).all()
+    assert (rel[-4:, settled] < 1e-3).all()
+    still_moving = rel[-1] > 0.01
+    assert not settled[still_moving].any()
+    dying = (df.step_decay <= 0.7) & (df.contraction <= 0.97)
+    assert not (dying & (df.kind == "orbit")).any(), df[dying][["token", "kind", "step_decay"]]

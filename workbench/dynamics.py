@@ -17,13 +17,17 @@ When only the longer window shows an orbit, the token is an orbit measured on th
    steps advancing forward by less than 3ω ≥ `min_angle_consistency`; closed non-elliptic loops
    such as rounded squares or limaçons pass) at a mean speed that agrees with the spectral ω within
    `max_speed_mismatch`, and its radius does not shrink (per-step trend > `max_contraction`: a
-   converging spiral is a fixed point), nor do its step norms (a damped spiral or flip).
+   converging spiral is a fixed point), nor do its step norms (a damped spiral or flip: log-linear
+   decay, or a noisy trend whose last third's mean step is ≤ `max_step_decay` of the first's).
+   A transient that is still dying away is never an orbit, however cleanly it alternates: it is
+   a fixed point that has not settled.
    Near period 2 (ω > 0.9π) the ellipse degenerates to a flip: two alternating states. Only share,
    turns and no decay are required, and the boolean column `flip` marks these orbits (kind stays
    "orbit": a 2-cycle is a periodic orbit of the iteration, and readers of `kind` keep working;
    the second vector of its `rotation_plane` carries no rotation);
 3. fixed_point (converging): step norms in the top-3 PC space fall geometrically (ratio ≤
-   `max_contraction` per step, log-linear R² ≥ `min_decay_fit`), or the displacements between the
+   `max_contraction` per step, log-linear R² ≥ `min_decay_fit`, or the noisy trend of rule 2),
+   or the displacements between the
    means of the tail's quarters shrink monotonically at that rate, by ≤ `max_chunk_shrink` overall,
    while they exceed jitter (4). Step norms, chunk means and the settling ratio are measured on
    the top-3 PC scores, where i.i.d. noise in R^h is mostly projected out;
@@ -32,6 +36,10 @@ When only the longer window shows an orbit, the token is an orbit measured on th
 5. slider: net displacement / path length over 8 chunks ≥ `min_straightness`, or the same in the
    top-3 PC space ≥ `min_pc_straightness`;
 6. other (e.g. a random walk, or an orbit with too few turns in the tail).
+
+`settled` says whether a fixed point has got there: the largest relative step of the last 4 is
+below `fixed_tol` (rule 1 takes their median). A fixed point with `settled` False is still
+converging (rules 1, 3 and 4 with larger steps); show it as "converging", not as a fixed point.
 
 Angular speed is reported in (0, π]: a sampled rotation by ω and one by 2π − ω in the opposite sense
 are the same sequence, so periods are ≥ 2 steps. The period is steps per revolution of the dominant
@@ -68,6 +76,8 @@ class DynamicsThresholds:
     max_contraction: float = 0.97  # converging: step norms shrink by at least this ratio per step
     min_decay_fit: float = 0.8  # R² of the log-linear step-norm decay
     max_chunk_shrink: float = 0.5  # converging: last / first displacement of the quarter means
+    max_step_decay: float = 0.7  # decaying: last / first third's mean step norm of the tail
+    min_trend_fit: float = 0.3  # decaying with wobble: R² of the log-linear decay at least this
     min_plane_share: float = 0.5  # orbit: share of tail variance in the fitted rotation
     min_revolutions: float = 0.8  # orbit: turns over the tail
     min_aspect: float = 0.1  # orbit: minor/major axis of the ellipse
@@ -102,18 +112,27 @@ def _check_states(states: np.ndarray, tail: int | None) -> tuple[np.ndarray, int
     return states, tail
 
 
+def _is_decaying(f: pd.DataFrame, th: DynamicsThresholds) -> pd.Series:
+    """Step norms shrinking: geometrically with a clean log-linear fit, or (a noisy or wobbling
+    decay, e.g. a damped flip whose amplitude wobbles) by a trend (R² ≥ `min_trend_fit`) that
+    leaves the tail's last third with at most `max_step_decay` of the first third's mean step."""
+    shrinking = f.contraction <= th.max_contraction
+    clean_fit = f.contraction_fit >= th.min_decay_fit
+    trend = (f.contraction_fit >= th.min_trend_fit) & (f.step_decay <= th.max_step_decay)
+    return shrinking & (clean_fit | trend)
+
+
 def _is_converging(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
     moving = f.settling_ratio > th.max_settling_ratio  # chunk means move beyond jitter
     shrinking = f.chunk_shrink <= th.max_chunk_shrink
     chunks = moving & shrinking & (f.chunk_contraction <= th.max_contraction)
-    steps = (f.contraction <= th.max_contraction) & (f.contraction_fit >= th.min_decay_fit)
-    return (chunks | steps).to_numpy()
+    return (chunks | _is_decaying(f, th)).to_numpy()
 
 
 def _is_orbit(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
     omega = f.angular_speed.fillna(0.0)
-    # step norms shrinking geometrically: a converging spiral or damped flip, not an orbit
-    decaying = (f.contraction <= th.max_contraction) & (f.contraction_fit >= th.min_decay_fit)
+    # step norms shrinking: a converging spiral or damped flip (a transient), never an orbit
+    decaying = _is_decaying(f, th)
     flip_flop = omega > FLIP_SPEED  # period close to 2: the ellipse degenerates to a segment
     ellipse = (
         (f.aspect >= th.min_aspect)
@@ -248,7 +267,11 @@ def _analyse(
 
 
 def _table(
-    f: pd.DataFrame, kinds: np.ndarray, tokens: Sequence[str] | None, steps: int
+    f: pd.DataFrame,
+    kinds: np.ndarray,
+    tokens: Sequence[str] | None,
+    steps: int,
+    fixed_tol: float,
 ) -> pd.DataFrame:
     """The output frame: kind columns (blank where they do not apply), then the diagnostics."""
     orbit, slider = kinds == "orbit", kinds == "slider"
@@ -261,6 +284,7 @@ def _table(
             period=np.where(orbit, 2 * np.pi / np.where(orbit, omega, 1.0), np.nan),
             angular_speed=np.where(orbit, omega, np.nan),
             flip=orbit & (np.nan_to_num(omega) > FLIP_SPEED),
+            settled=(kinds == "fixed_point") & (f.max_tail_relative_step.to_numpy() < fixed_tol),
             drift_speed=np.where(slider, f.drift_velocity_norm, np.nan),
             drift_direction_share=np.where(slider, f.drift_variance_share, np.nan),
         ),
@@ -281,7 +305,9 @@ def classify_dynamics(
     Returns one row per token (index = token position) with `token` (the string from `tokens`, or
     the position as a string), `kind` (one of KINDS), `period` and `angular_speed` (rad/step; NaN
     unless orbit), `flip` (True for period-2 orbits: two alternating states), `drift_speed` (distance per step) and `drift_direction_share` (NaN unless
-    slider), `final_step_size` ‖s_r − s_{r−1}‖/‖s_r‖, and the diagnostics behind the decision
+    slider), `final_step_size` ‖s_r − s_{r−1}‖/‖s_r‖, `settled` (a fixed point whose last 4
+    relative steps are all below `fixed_tol`; False for a converging one and for every other
+    kind), and the diagnostics behind the decision
     (see `DynamicsThresholds` and the module docstring).
     `window`/`window_start` (the steps analysed: the tail, or for an orbit found only after its
     transient, the steps from the transient's end).
@@ -293,7 +319,7 @@ def classify_dynamics(
     adaptive = tail is None
     states, tail = _check_states(states, tail)
     feats, kinds, _ = _analyse(states, tail, adaptive, th)
-    return _table(feats, kinds.astype(object), tokens, states.shape[0] - 1)
+    return _table(feats, kinds.astype(object), tokens, states.shape[0] - 1, th.fixed_tol)
 
 
 def rotation_plane(traj: np.ndarray, tail: int | None = None, n_components: int = 8) -> np.ndarray:

@@ -96,12 +96,22 @@ def _chunk_motion(points: np.ndarray, steps: np.ndarray, chunks: int) -> tuple[n
     return settling, shrink, shrink ** (1 / (size * (chunks - 2)))
 
 
+def _step_decay(steps: np.ndarray, parts: int = 3) -> np.ndarray:
+    """Per row of step norms (T, n), the mean of the last of `parts` equal parts / the mean of the
+    first: about q^(n (parts − 1) / parts) for steps that shrink by q per step, however noisy or
+    alternating the single steps are (a damped flip), and about 1 on an orbit or a drift."""
+    size = max(1, steps.shape[1] // parts)
+    return _safe_ratio(steps[:, -size:].mean(axis=1), steps[:, :size].mean(axis=1))
+
+
 def convergence_features(
     tails: np.ndarray, pca: TailPCA, last: int = 4, chunks: int = 4
 ) -> dict[str, np.ndarray]:
     """Step-size measurements (each (T,)) of tails (T, W + 1, h) with their PCA.
 
-    `final_step_size` ‖x_r − x_{r−1}‖/‖x_r‖ and `tail_relative_step` (median of the last `last`);
+    `final_step_size` ‖x_r − x_{r−1}‖/‖x_r‖, `tail_relative_step` (median of the last `last`) and
+    `max_tail_relative_step` (their largest); `step_decay` (see `_step_decay`) from the top-3 PC
+    step norms;
     `contraction` = exp(slope) of a least-squares line through the log step norms measured in the
     top-3 PC space (where i.i.d. noise is mostly projected out), the ratio of successive steps (< 1
     for geometric convergence), and `contraction_fit` its R². `spread` = RMS distance to the tail
@@ -118,6 +128,8 @@ def convergence_features(
     return dict(
         final_step_size=rel[:, -1],
         tail_relative_step=np.median(rel[:, -last:], axis=1),
+        max_tail_relative_step=rel[:, -last:].max(axis=1),
+        step_decay=_step_decay(top_steps),
         contraction=np.exp(slope),
         contraction_fit=fit,
         spread=_safe_ratio(np.sqrt(pca.total / tails.shape[1]), norms.mean(axis=1)),

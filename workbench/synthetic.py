@@ -13,7 +13,11 @@ rotation):
                alternating, angular speed π); all preceded by a converging transient.
   slider:      line, curved (direction bends up to ~50°), wobble (line + a small rotation);
                speed 0.3–0.8 % per step.
-  fixed_point: fast (contraction 0.5–0.8 per step), slow (0.88–0.95), spiral (damped rotation).
+  fixed_point: fast (contraction 0.5–0.8 per step), slow (0.88–0.95), spiral (damped rotation),
+               early (converged early with a decaying oscillation: a fast transient (0.5–0.7)
+               and a period-2 flip of 1–5 % decaying by 0.88–0.95 per step, its amplitude
+               wobbling by a factor e^(0.3 ε) from step to step, so the step norms fit no clean
+               line; the tail still alternates, but dies away).
   other:       walk (Gaussian random walk, steps 0.5–2 %).
 """
 
@@ -28,7 +32,7 @@ import pandas as pd
 SUBTYPES: dict[str, tuple[str, ...]] = {
     "orbit": ("circle", "ellipse", "quasi", "long", "flip"),
     "slider": ("line", "curved", "wobble"),
-    "fixed_point": ("fast", "slow", "spiral"),
+    "fixed_point": ("fast", "slow", "spiral", "early"),
     "other": ("walk",),
 }
 NOISE_LEVELS: tuple[float, ...] = (0.0, 1e-3, 3e-3, 1e-2)
@@ -112,6 +116,10 @@ def _fixed(sub: str, t: np.ndarray, rng: np.random.Generator, h: int):
     if sub == "spiral":
         cos, sin = _rotation(t, _log_uniform(rng, MIN_PERIOD, MAX_PERIOD), 0.0)
         return amp * (q**t)[:, None] * (np.outer(cos, u) + np.outer(sin, v)), np.nan
+    if sub == "early":  # fast transient, then a slowly dying flip (no step-norm log-linear fit)
+        wobble = np.exp(0.3 * rng.standard_normal(len(t)))
+        flip = rng.uniform(0.01, 0.05) * norm * wobble * (-rng.uniform(0.88, 0.95)) ** t
+        return amp * np.outer(rng.uniform(0.5, 0.7) ** t, u) + np.outer(flip, v), np.nan
     return amp * np.outer(q**t, u), np.nan
 
 
