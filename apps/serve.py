@@ -69,3 +69,60 @@ def stop(server: subprocess.Popen) -> None:
         server.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.kill()
+
+
+RUNNING = '[data-testid="stStatusWidget"]'
+EXCEPTION = '[data-testid="stException"]'
+# The button or toggle (by its label) pressed after opening a tab, so that its screenshot shows
+# results, not only a form.
+TAB_ACTIONS = {
+    "Generation": "Generate",
+    "Wavefront": "Sample",
+    "Interventions": "Run patching",
+    "Training": "Analyse these checkpoints",
+    "Stability": "Compute the stability of this token",
+}
+
+
+def wait_idle(page, timeout_ms: int = 300_000) -> None:
+    """Wait until the script run the last interaction started has finished."""
+    page.wait_for_timeout(700)  # the status widget appears a moment after the rerun starts
+    page.wait_for_selector(RUNNING, state="detached", timeout=timeout_ms)
+
+
+def full_height(page, most: int = 8000) -> None:
+    """Make the viewport as tall as the page's content (Streamlit scrolls inside its main block,
+    so a full-page screenshot alone shows only the first screen)."""
+    height = page.evaluate(
+        "() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
+        " return m ? m.scrollHeight : document.body.scrollHeight; }"
+    )
+    width = page.viewport_size["width"]
+    page.set_viewport_size({"width": width, "height": min(max(int(height), 800), most)})
+    page.wait_for_timeout(500)  # plotly redraws at the new size
+
+
+def screenshot_tabs(
+    page, out_dir: Path, titles: list[str], actions: dict[str, str] = TAB_ACTIONS
+) -> dict[str, Path]:
+    """Open every tab of the served app in ``page`` (its first tab already drawn), press its
+    button or toggle when ``actions`` names one, and save a full-page screenshot per tab."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shots = {}
+    width = page.viewport_size["width"]
+    for index, title in enumerate(titles):
+        page.set_viewport_size({"width": width, "height": 1000})
+        page.get_by_role("tab", name=title, exact=True).click()
+        wait_idle(page)
+        action = actions.get(title)
+        if action is not None and page.get_by_text(action, exact=True).count():
+            page.get_by_text(action, exact=True).first.click()
+            wait_idle(page)
+        errors = page.locator(EXCEPTION)
+        if errors.count():
+            raise RuntimeError(f"tab {title!r} shows an exception: {errors.all_inner_texts()}")
+        path = out_dir / f"{index:02d}-{title.lower().replace(' ', '_')}.png"
+        full_height(page)
+        page.screenshot(path=str(path), full_page=True)
+        shots[title] = path
+    return shots

@@ -7,7 +7,7 @@ import streamlit as st
 from workbench import figures
 
 from . import compute
-from .ui import Context, chart, table_download
+from .ui import Context, chart, quoted_tokens, table_download
 
 
 def render(ctx: Context) -> None:
@@ -17,7 +17,7 @@ def render(ctx: Context) -> None:
     chart(figures.convergence_heatmap(frame, value), "conv_heatmap")
     eps = st.number_input("ε for steps to converge", value=1e-2, format="%.0e", key="conv_eps")
     settled = compute.steps_to_converge(ctx.traj, ctx.key, ctx.tokens, float(eps))
-    st.dataframe(settled, hide_index=True, key="conv_settled")
+    st.dataframe(quoted_tokens(settled), hide_index=True, key="conv_settled")
     dyn = compute.step_dynamics(ctx.traj, ctx.key, ctx.tokens)
     which = st.selectbox(
         "Step dynamics", ["acceleration", "delta_norm", "delta_cosine"], key="conv_dynamics"

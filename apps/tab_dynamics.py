@@ -10,7 +10,7 @@ from workbench.dynamics import MIN_TAIL, DynamicsThresholds
 
 from . import compute
 from .inputs import MAX_STEPS
-from .ui import Context, chart, table_download
+from .ui import Context, chart, quoted_tokens, table_download
 
 SHOWN_KINDS = ("fixed_point", "converging", "orbit", "slider", "other")
 KIND_MEANINGS = (
@@ -74,7 +74,12 @@ def render(ctx: Context) -> None:
     more_steps_hint(frame["kind"], ctx.traj.num_steps)
     shown = ["token_text", "kind", "settled", "period", "angular_speed", "drift_speed"]
     shown.append("final_step_size")
-    st.dataframe(frame[shown], key="dyn_table", on_select=_select_row, selection_mode="single-row")
+    st.dataframe(
+        quoted_tokens(frame[shown], "token_text"),
+        key="dyn_table",
+        on_select=_select_row,
+        selection_mode="single-row",
+    )
     orbits = frame.index[frame["kind"] == "orbit"].tolist()
     position = ctx.token_picker(
         "Token to inspect (or click a row)", "dyn_token", orbits[0] if orbits else 0

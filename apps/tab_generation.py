@@ -9,7 +9,7 @@ from workbench import figures
 
 from . import compute, cost
 from .messages import shown_as_message
-from .ui import Context, chart, table_download
+from .ui import Context, chart, quoted_tokens, table_download
 
 EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
 
@@ -100,5 +100,5 @@ def render(ctx: Context) -> None:
                 ),
                 "gen_steps",
             )
-        st.dataframe(table, hide_index=True, key="gen_table")
+        st.dataframe(quoted_tokens(table), hide_index=True, key="gen_table")
         table_download(table, "generation_steps")

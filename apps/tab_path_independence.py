@@ -7,7 +7,7 @@ import streamlit as st
 from workbench import figures
 
 from . import compute
-from .ui import PC_PAIRS, Context, chart, default_tokens, table_download
+from .ui import PC_PAIRS, Context, chart, default_tokens, quoted_tokens, table_download
 
 
 def render(ctx: Context) -> None:
@@ -32,6 +32,6 @@ def render(ctx: Context) -> None:
         fig = figures.aligned_embeddings_figure(embeddings, names, f"token {ctx.labels[position]}")
         chart(fig, "aligned_umap")
     attractor = compute.attractor_distance(ctx.traj, ctx.key, ctx.tokens)
-    st.dataframe(attractor, hide_index=True, key="pi_attractor")
+    st.dataframe(quoted_tokens(attractor), hide_index=True, key="pi_attractor")
     table_download(spread, "path_independence")
     table_download(attractor, "attractor_distance")

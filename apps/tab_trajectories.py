@@ -28,6 +28,12 @@ def coords_frame(coords: np.ndarray, tokens: Sequence[str]) -> pd.DataFrame:
 def render(ctx: Context) -> None:
     """PCA per PC pair per token, the 3-D waterfall, and UMAP on request."""
     coords, evr = compute.pca(ctx.traj, ctx.key)
+    seeds = ctx.traj.seeds
+    st.caption(
+        f"Seed {seeds[0]}: the paths start from its random s_0 (init scale {ctx.run.init_scale:g}); "
+        + ("the other seeds are compared in Path independence." if len(seeds) > 1 else "")
+        + " The PCA is fitted on all its states."
+    )
     positions = ctx.tokens_picker("Tokens", "traj_tokens", default_tokens(ctx.tokens))
     if positions:
         chart(

@@ -39,7 +39,8 @@ def devices() -> list[str]:
 
 
 def sidebar() -> dict:
-    """The model and input widgets of the sidebar; returns their raw values (checked later)."""
+    """The model and input widgets of the sidebar; returns their raw values (checked later) and
+    the slot under the model settings where the memory it occupies is written."""
     with st.sidebar:
         st.header("Model")
         path = st.text_input(
@@ -47,13 +48,22 @@ def sidebar() -> dict:
         )
         device = st.selectbox("Device", devices(), key="device")
         dtype = st.selectbox("dtype", DTYPES, key="dtype")
+        memory = st.empty()
         st.header("Input")
         chat = st.radio("Input as", ["Prompt", "Chat"], horizontal=True, key="mode") == "Chat"
         system = st.text_area("System message", "", key="system") if chat else ""
         prompt = st.text_area(
             "User message" if chat else "Prompt", inputs.DEFAULT_PROMPT, height=120, key="prompt"
         )
-    return dict(path=path, device=device, dtype=dtype, chat=chat, system=system, prompt=prompt)
+    return dict(
+        path=path,
+        device=device,
+        dtype=dtype,
+        chat=chat,
+        system=system,
+        prompt=prompt,
+        memory=memory,
+    )
 
 
 def run_widgets(model, model_key: str, tokens: int) -> dict:
@@ -136,7 +146,7 @@ def main() -> None:
         dtype = None if raw["dtype"] == OWN_DTYPE else raw["dtype"]
         model = compute.load(str(path), raw["device"], dtype, compute.checkpoint_signature(path))
     model_banner(model, path)
-    st.sidebar.caption(
+    raw["memory"].caption(
         f"In memory: {cost.format_bytes(compute.model_bytes(model))} of weights in "
         f"{str(model.dtype).removeprefix('torch.')} ({model.num_parameters() / 1e6:,.1f} M "
         "parameters); one model is kept, switching frees it first."

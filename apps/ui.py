@@ -124,3 +124,11 @@ def estimate_gate(what: str, guess: cost.CostEstimate, key: str, identity: objec
         approved.add((key, identity))
         return True
     return False
+
+
+def quoted_tokens(frame: pd.DataFrame, column: str = "token") -> pd.DataFrame:
+    """A copy of ``frame`` with its token column in quotes, as the figures label tokens: a space
+    or an empty token is visible in a table cell."""
+    shown = frame.copy()
+    shown[column] = [f"'{t}'" for t in shown[column]]
+    return shown

@@ -1,5 +1,7 @@
 """End-to-end in a real browser: `streamlit run` the app, drive it with Playwright and Debian's
-Chromium, change the step count, wait for the plotly chart to redraw, and check for errors.
+Chromium, change the step count, wait for the plotly chart to redraw, check for errors, then open
+every tab and save a screenshot of each (to $APP_SCREENS when set, else the test's tmp_path) for a
+person to look at.
 
 Chromium comes from `make browser` (.ci/ensure_chromium.sh); Playwright's own download does not
 work on these machines, so the test fails (it is never skipped) when /usr/bin/chromium is missing.
@@ -7,12 +9,24 @@ work on these machines, so the test fails (it is never skipped) when /usr/bin/ch
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from apps.serve import CHROMIUM, CHROMIUM_ARGS, free_port, start_streamlit, stop, wait_healthy
+from apps.serve import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    TAB_ACTIONS,
+    free_port,
+    screenshot_tabs,
+    start_streamlit,
+    stop,
+    wait_healthy,
+)
+from apps.views import TABS
 
 pytestmark = pytest.mark.slow  # a real browser against `streamlit run`
 
@@ -34,7 +48,8 @@ def server(tmp_path) -> Iterator[str]:
         stop(proc)
 
 
-def test_change_steps_redraws_the_chart_without_errors(server, tmp_path):
+@pytest.mark.slow
+def test_change_steps_redraws_the_chart_then_every_tab_renders(server, tmp_path):
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: run `make browser` (sh .ci/ensure_chromium.sh) first")
     from playwright.sync_api import sync_playwright
@@ -58,10 +73,15 @@ def test_change_steps_redraws_the_chart_without_errors(server, tmp_path):
                 arg=CHART,
                 timeout=120_000,
             )
-            shot = tmp_path / "app.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
             errors = page.locator('[data-testid="stException"]')
             assert errors.count() == 0, errors.all_inner_texts()
+            titles = [title for title, _ in TABS]
+            assert page.get_by_role("tab").all_inner_texts() == titles
+            out = Path(os.environ.get("APP_SCREENS", tmp_path / "screens"))
+            # the Training tab's analysis of four checkpoints is covered by test_app_training
+            actions = {t: a for t, a in TAB_ACTIONS.items() if t != "Training"}
+            shots = screenshot_tabs(page, out, titles, actions)  # raises on a tab's exception
+            assert list(shots) == titles
+            assert all(path.stat().st_size > 10_000 for path in shots.values())
         finally:
             browser.close()
