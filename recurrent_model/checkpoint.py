@@ -189,6 +189,11 @@ def load_model(
     weight is read: a tokenizer.json whose vocabulary differs from the model's, or none at all when
     ``require_tokenizer`` is set, is refused. Raises CheckpointError / ConfigError / TokenizerError
     naming the problem for anything that is not a loadable checkpoint.
+
+    Tensors loaded on the CPU in their stored dtype stay memory-mapped from the files (copy-on-write:
+    changing a weight never writes to the file, and processes loading one checkpoint share its pages).
+    Replace a loaded checkpoint's files by writing a new directory, as ``save_pretrained`` does, never
+    by rewriting them in place.
     """
     directory, label = checkpoint_directory(path)
     raw = read_config_json(directory)
