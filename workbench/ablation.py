@@ -8,7 +8,7 @@ control's mean and spread, and the real effect's percentile among the random one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,10 +128,12 @@ def ablate_subspace(
     tail: int | None = None,
     seed: int = 0,
     batch_size: int = 33,
+    progress: Callable[[int, int], None] | None = None,
 ) -> AblationResult:
     """Project ``basis`` (k, h; default: the token's rotation plane) out of ``hook``'s activation at
     ``position`` at every iteration (or iterations ``steps``), and the same for ``n_random`` random
-    k-dimensional subspaces (the control). A direction is a basis with k = 1."""
+    k-dimensional subspaces (the control). A direction is a basis with k = 1. ``progress(done,
+    total)`` (subspaces) is called before every batch and at the end; it may raise to stop."""
     ids = encode_prompt(model, input_ids).to(model.device)
     length = ids.shape[1]
     if not -length <= int(position) < length:
@@ -156,6 +158,8 @@ def ablate_subspace(
         target = int(base[-1].argmax())
         rows = []
         for start in range(0, len(bases), int(batch_size)):
+            if progress is not None:
+                progress(start, len(bases))
             chunk = bases[start : start + int(batch_size)]
             fn = project_out_hook(chunk, steps, positions=[position])
             init = run_init(model, length, init_scale, seed, len(chunk))
@@ -172,6 +176,8 @@ def ablate_subspace(
                         "logprob_change": float(lp[b, -1, target] - base[-1, target]),
                     }
                 )
+    if progress is not None:
+        progress(len(bases), len(bases))
     table = pd.DataFrame(rows)
     effect = float(table.effect[0])
     control = table.effect[1:].to_numpy()
