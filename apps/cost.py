@@ -206,3 +206,14 @@ def largest_within(
     smallest): a heavy action's default size scaled to the model and this device."""
     fitting = [c for c in choices if seconds(c) <= budget]
     return max(fitting) if fitting else min(choices)
+
+
+BATCH_SECONDS = 3.0  # a heavy action's batch stays under this, so Stop acts within seconds
+
+
+def batch_size_for(seconds_per_item: float, most: int, target: float = BATCH_SECONDS) -> int:
+    """Items per batch (1 … `most`) so that a batch takes about `target` seconds: progress and
+    cancellation are checked between batches."""
+    if seconds_per_item <= 0:
+        return most
+    return int(min(most, max(1, target // seconds_per_item)))

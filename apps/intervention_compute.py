@@ -16,6 +16,9 @@ import workbench
 from recurrent_model.hook_names import STATE
 from recurrent_model.threads import threads_for
 
+from . import cost
+from .compute import TaskProgress, estimate_flops
+
 ModelKey = str
 
 
@@ -49,13 +52,22 @@ def patching(
     direction: str,
     init_scale: float,
     seed: int,
+    batch_size: int = 64,
+    _progress: TaskProgress | None = None,
 ) -> pd.DataFrame:
-    """`workbench.patch_states` over every position (or all at once) and step."""
+    """`workbench.patch_states` over every position (or all at once) and step; with
+    ``_progress`` a bar follows the patches (and Stop ends them between batches)."""
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
-        return workbench.patch_states(
+        frame = workbench.patch_states(
             _model, list(clean), list(corrupted), num_steps, hook=hook, positions=positions,
-            direction=direction, init_scale=init_scale, seed=seed,
+            direction=direction, init_scale=init_scale, seed=seed, batch_size=batch_size,
+            progress=_progress if _progress is not None else False,
         )  # fmt: skip
+    if _progress is not None:
+        _progress.finish()
+    return frame
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -145,9 +157,51 @@ def ablation(
     num_steps: int,
     position: int,
     n_random: int,
+    batch_size: int = 33,
+    _progress: TaskProgress | None = None,
 ) -> workbench.AblationResult:
-    """The token's rotation plane projected out at every iteration vs ``n_random`` random planes."""
+    """The token's rotation plane projected out at every iteration vs ``n_random`` random planes;
+    with ``_progress`` a bar follows the planes (and Stop ends them between batches)."""
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
-        return workbench.ablate_subspace(
-            _model, list(token_ids), num_steps, position, n_random=n_random
-        )
+        result = workbench.ablate_subspace(
+            _model, list(token_ids), num_steps, position, n_random=n_random,
+            batch_size=batch_size, progress=_progress,
+        )  # fmt: skip
+    if _progress is not None:
+        _progress.finish()
+    return result
+
+
+def patching_plan(
+    model, tokens: int, num_steps: int, patches: int
+) -> tuple[cost.CostEstimate, int]:
+    """The estimated time of a patching grid (at most one forward per patch) and the patches per
+    batch that keep each batch near `cost.BATCH_SECONDS`."""
+    guess = estimate_flops(
+        model, cost.patching_flops(model.config, tokens, num_steps, patches), rows=tokens
+    )
+    per_patch = guess.seconds / (patches + 2)
+    return guess, cost.batch_size_for(per_patch, most=64)
+
+
+def ablation_plan(
+    model, tokens: int, num_steps: int, n_random: int
+) -> tuple[cost.CostEstimate, int]:
+    """The estimated time of an ablation with ``n_random`` control planes, and its batch size."""
+    guess = estimate_flops(
+        model, cost.ablation_flops(model.config, tokens, num_steps, n_random), rows=tokens
+    )
+    per_plane = guess.seconds / (n_random + 3)
+    return guess, cost.batch_size_for(per_plane, most=33)
+
+
+RANDOM_PLANE_CHOICES = (32, 16, 8, 4, 2)
+
+
+def default_random_planes(model, tokens: int, num_steps: int) -> int:
+    """The most control planes (of RANDOM_PLANE_CHOICES) whose ablation fits the time budget."""
+    return cost.largest_within(
+        RANDOM_PLANE_CHOICES, lambda n: ablation_plan(model, tokens, num_steps, n)[0].seconds
+    )

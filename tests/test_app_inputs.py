@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import numpy as np
@@ -224,6 +225,25 @@ def test_a_heavy_lens_waits_for_its_button_with_the_estimate(monkeypatch):
     assert "lens_heatmap" in {c.key for c in at.get("plotly_chart")}
     at.selectbox(key="lens_value").set_value("entropy").run()  # approved: no second ask
     assert "lens_heatmap" in {c.key for c in at.get("plotly_chart")}
+
+
+def test_batches_stay_short_so_stop_acts_within_seconds(monkeypatch):
+    from apps import cost, intervention_compute
+    from recurrent_model import preset
+
+    assert cost.batch_size_for(0.5, most=64, target=3.0) == 6
+    assert cost.batch_size_for(10.0, most=64) == 1
+    assert cost.batch_size_for(1e-6, most=64) == 64
+    huge = types.SimpleNamespace(
+        config=preset("huginn-0125"),
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        num_parameters=lambda: 3_560_000_000,
+    )
+    monkeypatch.setattr(cost, "matmul_flops_per_second", lambda *a, **k: 1e11)  # a fast CPU
+    guess, batch = intervention_compute.patching_plan(huge, 38, 24, 950)
+    assert guess.seconds > 3600 and batch == 1  # hours: one patch per batch
+    assert intervention_compute.default_random_planes(huge, 38, 24) == 2
 
 
 def _tiny_config():
