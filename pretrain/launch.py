@@ -64,6 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     plan.add_argument(
         "--device-memory", type=float, default=None, metavar="GIB", help="override the capacity"
     )
+    plan.add_argument(
+        "--fs-bandwidth",
+        type=float,
+        default=None,
+        metavar="GB/S",
+        help="file-system write bandwidth for the checkpoint seconds (default 100, an assumption)",
+    )
     return p.parse_args(argv)
 
 
@@ -140,6 +147,7 @@ def print_plan(config, args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from pretrain.plan import PlanError, format_plan, plan_all, resolve_device, verdict
+    from pretrain.plan_host import format_host_plan, host_plan_for
 
     on_cpu = config.train.device == "cpu"
     nodes = args.nodes or (1 if on_cpu else config.cluster.nodes)
@@ -151,11 +159,13 @@ def print_plan(config, args: argparse.Namespace) -> int:
         if not device.accelerator and gpus > 1:  # local ranks share the host's memory
             device = replace(device, memory_gib=device.memory_gib / gpus, label=f"host / {gpus}")
         plans = plan_all(config, device, nodes, gpus)
+        host = host_plan_for(config, plans[config.distributed.strategy], args.fs_bandwidth)
     except PlanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     plan = plans[config.distributed.strategy]
     print(format_plan(plan, plans))
+    print(format_host_plan(host))
     line = verdict(plan, plans)
     if plan.fits:
         print(line)
@@ -169,13 +179,14 @@ def train(config, out: Path, resume: bool = False, max_steps: int | None = None)
     from pretrain.checkpoint_manager import CheckpointWriteError
     from pretrain.data import DataError
     from pretrain.distributed import init_distributed, shutdown
+    from pretrain.startup_checks import StartupError
     from pretrain.trainer import RunDirectoryError, Trainer
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
     try:
         try:
             trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
-        except (DataError, RunDirectoryError) as exc:  # one line, not a traceback per rank
+        except (DataError, RunDirectoryError, StartupError) as exc:  # one line, not per rank
             print(f"error: {exc}", file=sys.stderr)
             return 2
         try:

@@ -288,22 +288,17 @@ class Trainer:
         return self.checkpoints.shared(states)
 
     def _redeal_data(self, old: list[dict[str, Any]]) -> None:
-        """Resume on a different number of ranks: the rows consumed by all old ranks are spread
-        evenly over the new ones, so each continues at the same point of its epoch. Rows are dealt
-        to ranks by rank and world size, so the order of rows after this point differs from the
-        run that kept its rank count (counts, optimizer and weights carry over exactly)."""
-        consumed = sum(o["epoch"] * (o["num_rows"] // len(old)) + o["index"] for o in old)
-        per_rank = consumed // self.ctx.world_size
-        rows = self.loader.rows_per_rank
-        position = self.loader.state_dict()
-        position.update(epoch=per_rank // rows, index=per_rank % rows)
-        self.loader.load_state_dict(position)
+        """Resume on a different number of ranks: the loader's state is the global data position
+        (the same on every old rank); the new ranks deal out every row the old ones had not read
+        yet, each exactly once (pretrain/data/loader.py). Counts, optimizer and weights carry
+        over exactly."""
+        self.loader.load_state_dict(old[0])
         seed = [self.train_cfg.seed, self.step, self.ctx.rank, self.ctx.world_size]
         self.noise.manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
         if self.ctx.is_main:
             print(
-                f"resuming {len(old)}-rank state on {self.ctx.world_size} ranks: data position "
-                f"re-dealt ({consumed} rows consumed), s_0 noise re-seeded per rank"
+                f"resuming {len(old)}-rank state on {self.ctx.world_size} ranks: the unread rows "
+                "re-dealt (each still read once), s_0 noise re-seeded per rank"
             )
 
     # Signals ---------------------------------------------------------------------------------------
