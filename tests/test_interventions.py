@@ -9,6 +9,7 @@ import torch
 
 import recurrent_model as rm
 import workbench as wb
+from recurrent_model.hook_names import STATE
 from recurrent_model.hooks import Hook, HookError
 from recurrent_model.standin import DEFAULT_CHECKPOINT
 from workbench.ablation import random_bases
@@ -381,6 +382,26 @@ def test_ablation_control_spread_over_k_random_planes(model, pair):
     # ablating a zero-dimensional change: a basis orthogonal to nothing is rejected
     with pytest.raises(ValueError, match="linearly dependent"):
         wb.ablate_subspace(model, pair[0], 16, position=3, basis=np.zeros((2, 64)))
+
+
+def test_ablation_and_steering_report_the_same_two_measures(model, pair):
+    """Both objects carry the last position's KL and the mean KL from the token on, and say which
+    one their headline number is; the same hook gives the same numbers through either tool."""
+    ids, position, steps = pair[0], 3, 16
+    res = wb.ablate_subspace(model, ids, steps, position=position, n_random=4)
+    assert res.position == position and "p … T−1" in res.measure
+    assert res.effect_last == res.table.kl_last.iloc[0]
+    assert list(res.control_last) == list(res.table.kl_last.iloc[1:])
+    plane = wb.token_rotation_plane(model, ids, steps, position)
+    hook = (STATE, wb.project_out_hook(plane, positions=[position]))
+    eff = wb.steering_effect(model, ids, steps, [hook])
+    assert "last position" in eff.measure and eff.kl == eff.kl_by_position[-1]
+    assert eff.kl_from(position) == pytest.approx(res.effect, rel=1e-5, abs=1e-9)
+    assert eff.kl == pytest.approx(res.effect_last, rel=1e-5, abs=1e-9)
+    assert (eff.kl_by_position[:position] == 0).all()  # causal: nothing before the token moves
+    assert eff.kl_by_position[position] > 0
+    with pytest.raises(ValueError, match="outside"):
+        eff.kl_from(len(ids))
 
 
 def test_ablating_a_direction_batched_equals_one_by_one(model, pair):

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from recurrent_model.hook_names import STATE
+
 from .dynamics import rotation_plane
 from .interventions_common import (
     encode_prompt,
@@ -82,20 +84,26 @@ def token_rotation_plane(
     ids = encode_prompt(model, input_ids).to(model.device)
     init = run_init(model, ids.shape[1], init_scale, seed, 1)
     with torch.no_grad():
-        _, cache = model.run_with_cache(
-            ids, num_steps=num_steps, names_filter="core.hook_state", **init
-        )
-    traj = cache["core.hook_state"][:, 0, position].double().cpu().numpy()
+        _, cache = model.run_with_cache(ids, num_steps=num_steps, names_filter=STATE, **init)
+    traj = cache[STATE][:, 0, position].double().cpu().numpy()
     return rotation_plane(traj, tail=tail)
+
+
+FROM_TOKEN_MEASURE = (
+    "mean over positions p … T−1 (p the ablated token) of KL(baseline ‖ ablated) of the "
+    "next-token distributions"
+)
 
 
 @dataclass(frozen=True)
 class AblationResult:
-    """The ablated subspace's effect and the random-subspace control.
+    """The ablated subspace's effect and the random-subspace control, in two measures.
 
-    ``effect``: mean over positions p … T−1 (p the ablated position) of KL(baseline ‖ ablated) of the
-    next-token distributions. ``control``: the same for each of K random subspaces;
-    ``percentile``: share (%) of random subspaces with a smaller effect (ties count half).
+    ``effect``: mean over positions p … T−1 (p = ``position``, the ablated token: the positions it
+    can influence) of KL(baseline ‖ ablated) of the next-token distributions (``measure`` says so).
+    ``control``: the same for each of K random subspaces; ``percentile``: share (%) of random
+    subspaces with a smaller effect (ties count half). ``effect_last``, ``control_last`` and
+    ``percentile_last``: the same at the last position only, the measure of `SteeringEffect.kl`.
     ``table``: one row per ablation (``kind`` "real" or "random") with ``effect``, ``kl_last`` and
     ``logprob_change`` (of the baseline's top token at the last position).
     """
@@ -104,6 +112,8 @@ class AblationResult:
     control: np.ndarray
     percentile: float
     table: pd.DataFrame
+    position: int
+    measure: str = FROM_TOKEN_MEASURE
 
     @property
     def control_mean(self) -> float:
@@ -112,6 +122,24 @@ class AblationResult:
     @property
     def control_std(self) -> float:
         return float(np.std(self.control, ddof=1)) if self.control.size > 1 else float("nan")
+
+    @property
+    def effect_last(self) -> float:
+        return float(self.table.kl_last.iloc[0])
+
+    @property
+    def control_last(self) -> np.ndarray:
+        return self.table.kl_last.iloc[1:].to_numpy()
+
+    @property
+    def percentile_last(self) -> float:
+        return _percentile(self.effect_last, self.control_last)
+
+
+def _percentile(value: float, control: np.ndarray) -> float:
+    """Share (%) of ``control`` below ``value``, ties counting half."""
+    below = np.sum(control < value) + 0.5 * np.sum(control == value)
+    return float(100.0 * below / control.size)
 
 
 def ablate_subspace(
@@ -122,7 +150,7 @@ def ablate_subspace(
     basis: np.ndarray | torch.Tensor | None = None,
     *,
     n_random: int = 32,
-    hook: str = "core.hook_state",
+    hook: str = STATE,
     steps: tuple[int, int] | None = None,
     init_scale: float = 0.0,
     tail: int | None = None,
@@ -181,5 +209,4 @@ def ablate_subspace(
     table = pd.DataFrame(rows)
     effect = float(table.effect[0])
     control = table.effect[1:].to_numpy()
-    percentile = 100.0 * (np.sum(control < effect) + 0.5 * np.sum(control == effect)) / control.size
-    return AblationResult(effect, control, float(percentile), table)
+    return AblationResult(effect, control, _percentile(effect, control), table, position)

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from recurrent_model.hook_names import STATE
+
 from .collect import token_strings
 from .interventions_common import (
     cached_index,
     encode_prompt,
     hook_steps,
     is_active,
-    log_probs,
     orthonormal_rows,
     position_mask,
     run_init,
@@ -108,7 +109,7 @@ def prompt_states(
     prompts: Sequence[Prompt],
     num_steps: int,
     *,
-    hook: str = "core.hook_state",
+    hook: str = STATE,
     step: int | None = None,
     position: int = -1,
     init_scale: float = 0.0,
@@ -147,18 +148,33 @@ def difference_of_means(
     return a.mean(axis=0) - b.mean(axis=0)
 
 
+LAST_POSITION_MEASURE = "KL(baseline ‖ steered) of the next-token distribution at the last position"
+
+
 @dataclass(frozen=True)
 class SteeringEffect:
-    """The effect of a set of hooks on the next-token distribution at the last position.
+    """The effect of a set of hooks on the next-token distributions.
 
-    ``kl`` = KL(baseline ‖ steered); ``logprob_change`` of ``target`` (default: baseline's top token);
-    ``top_k`` a table with the baseline's and the steered run's top tokens and probabilities.
+    ``kl`` = KL(baseline ‖ steered) at the last position (``measure`` says so);
+    ``kl_by_position`` the same at every position (T,), so that ``kl_from(p)`` gives the
+    ablation's measure (the mean over positions p … T−1); ``logprob_change`` of ``target``
+    (default: baseline's top token) at the last position; ``top_k`` a table with the baseline's
+    and the steered run's top tokens and probabilities there.
     """
 
     kl: float
     logprob_change: float
     target: int
     top_k: pd.DataFrame
+    kl_by_position: np.ndarray
+    measure: str = LAST_POSITION_MEASURE
+
+    def kl_from(self, position: int) -> float:
+        """Mean KL over positions ``position`` … T−1 (`AblationResult.effect`'s measure)."""
+        length = len(self.kl_by_position)
+        if not -length <= int(position) < length:
+            raise ValueError(f"position {position} is outside the {length} tokens")
+        return float(self.kl_by_position[int(position) % length :].mean())
 
 
 def _token(model, token_id: int) -> str:
@@ -176,16 +192,19 @@ def steering_effect(
     init_scale: float = 0.0,
     seed: int = 0,
 ) -> SteeringEffect:
-    """Run ``input_ids`` with and without ``fwd_hooks`` (same s_0) and compare the last position's
-    next-token distributions."""
+    """Run ``input_ids`` with and without ``fwd_hooks`` (same s_0) and compare the next-token
+    distributions: at the last position (``kl``, ``top_k``) and at every position."""
     ids = encode_prompt(model, input_ids).to(model.device)
     init = run_init(model, ids.shape[1], init_scale, seed, 1)
     with torch.no_grad():
-        base = log_probs(model(ids, num_steps=num_steps, **init).logits)[0]
+        base_all = torch.log_softmax(model(ids, num_steps=num_steps, **init).logits[0].float(), -1)
         with model.hooks(list(fwd_hooks)):
-            steered = log_probs(model(ids, num_steps=num_steps, **init).logits)[0]
+            logits = model(ids, num_steps=num_steps, **init).logits[0]
+    steered_all = torch.log_softmax(logits.float(), -1)
+    kl_all = torch.sum(base_all.exp() * (base_all - steered_all), -1).clamp_min(0.0)
+    base, steered = base_all[-1], steered_all[-1]
     target = int(base.argmax()) if target is None else int(target)
-    kl = float(torch.sum(base.exp() * (base - steered)).clamp_min(0.0))
+    kl = float(kl_all[-1])
     k = min(int(top_k), base.numel())
     bp, bi = base.exp().topk(k)
     sp, si = steered.exp().topk(k)
@@ -198,7 +217,8 @@ def steering_effect(
             "steered_prob": sp.cpu().numpy(),
         }
     )
-    return SteeringEffect(kl, float(steered[target] - base[target]), target, table)
+    change = float(steered[target] - base[target])
+    return SteeringEffect(kl, change, target, table, kl_all.cpu().numpy().astype(np.float64))
 
 
 def steering_sweep(
@@ -209,7 +229,7 @@ def steering_sweep(
     alphas: Sequence[float],
     *,
     steps: tuple[int, int] | None = None,
-    hook: str = "core.hook_state",
+    hook: str = STATE,
     target: int | None = None,
     init_scale: float = 0.0,
 ) -> pd.DataFrame:
