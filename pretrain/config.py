@@ -143,6 +143,7 @@ SECTIONS: dict[str, type] = {
     "cluster": ClusterSection,
 }
 STRATEGIES = ("ddp", "fsdp", "hsdp", "bucketed")
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 @dataclass
@@ -197,6 +198,10 @@ class TrainConfig:
                 raise TrainConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
         if d.bucket_mb <= 0:
             raise TrainConfigError(f"distributed.bucket_mb must be > 0, got {d.bucket_mb}")
+        if self.cluster.wandb_mode not in WANDB_MODES:
+            raise TrainConfigError(
+                f"cluster.wandb_mode={self.cluster.wandb_mode!r}; choose from {', '.join(WANDB_MODES)}"
+            )
         if d.shard_size < 0:
             raise TrainConfigError(f"distributed.shard_size must be >= 0, got {d.shard_size}")
         if t.keep_last < 1:

@@ -37,6 +37,8 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(None, ["train.max_steps=2.5"])
     with pytest.raises(TrainConfigError, match="key=value"):
         load_config(None, ["train.lr"])
+    with pytest.raises(TrainConfigError, match="cluster.wandb_mode='offlin'"):
+        load_config(None, ["cluster.wandb_mode=offlin"])
     with pytest.raises(TrainConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
 

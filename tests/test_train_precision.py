@@ -4,7 +4,6 @@ then initialised to today's weights bit for bit (1 rank in process, 2 gloo ranks
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -173,21 +172,27 @@ def _two_rank_build(rank: int, store: str, results) -> None:
     try:
         ctx = DistContext(rank, rank, 2, torch.device("cpu"), "gloo")
         reference = list(todays_init(tiny_config()).parameters())
-        same = {}
+        inputs = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+        report = {}
         for strategy, shard_size in (("fsdp", 0), ("hsdp", 1), ("ddp", 0)):
             precision = resolve_precision("bf16", "cpu")
             model, _ = build_model(tiny_config(), ctx, precision, strategy, SEED, shard_size)
-            same[strategy] = all(
-                torch.equal(a, full(b)) for a, b in zip(reference, model.parameters())
+            same = all(torch.equal(a, full(b)) for a, b in zip(reference, model.parameters()))
+            acts, norms, _ = record_dtypes(model, inputs)  # a collective forward under fsdp/hsdp
+            state = acts["core.hook_state"] | acts["hook_e"] | acts["core.0.hook_resid_post"]
+            float32 = state == {"torch.float32"} and all(
+                d == {torch.float32} for d in norms.values()
             )
-        results[rank] = same
+            report[strategy] = (same, float32)
+        results[rank] = report
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_meta_build_gives_todays_weights_on_two_gloo_ranks(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(_two_rank_build, args=(str(tmp_path / "store"), results), nprocs=2, join=True)
-    assert dict(results) == {r: {"fsdp": True, "hsdp": True, "ddp": True} for r in range(2)}
+    # (today's initial weights, float32 state and norms under bf16) for every strategy and rank
+    want = {"fsdp": (True, True), "hsdp": (True, True), "ddp": (True, True)}
+    assert dict(results) == {r: want for r in range(2)}
