@@ -104,6 +104,33 @@ def _quoted(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+def _venv_staging(config: TrainConfig) -> list[str]:
+    """Script lines that put the venv on node-local storage and activate it there: tar it once per
+    chain (again when it changed), sbcast the tarball to every node, untar there in a
+    one-task-per-node step; the caches are seeded from the chain's persistent copy in the same step."""
+    c = config.cluster
+    venv = c.venv.rstrip("/") or "."
+    venv_name = shlex.quote(Path(venv).name)
+    return [
+        "# The venv to node-local storage: tar it once per chain (again when it changed), sbcast the",
+        "# tarball to every node, untar there in a one-task-per-node step; the caches are seeded",
+        "# from the chain's persistent copy in the same step.",
+        f"VENV={shlex.quote(venv)}",
+        'VENV_TAR="$RUN_CACHE/venv.tar"',
+        'if [ ! -f "$VENV_TAR" ] || [ -n "$(find "$VENV/" -newer "$VENV_TAR" -print -quit)" ]; then',
+        '    tar -C "$(dirname "$VENV")" -cf "$VENV_TAR.tmp" "$(basename "$VENV")"',
+        '    mv "$VENV_TAR.tmp" "$VENV_TAR"',
+        "fi",
+        'sbcast --force --compress "$VENV_TAR" "$NODE_TMP.venv.tar"',
+        NODE_SETUP,
+        "export -f node_setup",
+        f"srun -N {c.nodes} --ntasks-per-node=1 bash -c node_setup",
+        f'export VIRTUAL_ENV="$NODE_TMP/{venv_name}"',
+        'export PATH="$VIRTUAL_ENV/bin:$PATH"',
+        "",
+    ]
+
+
 def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | None = None) -> str:
     """A complete sbatch script for the configured cluster: one process per GPU/GCD, a USR1 five
     minutes before the limit, and an array chain (``%1``: one job at a time) whose every link
@@ -125,8 +152,6 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
     common = ["--config", config_path, "--out", c.out]
     for o in overrides or []:
         common += ["--set", o]
-    venv = c.venv.rstrip("/") or "."
-    venv_name = shlex.quote(Path(venv).name)
     array = f"#SBATCH --array=1-{c.array_length}%1\n" if c.array_length > 1 else ""
     lines = [
         "#!/bin/bash",
@@ -167,22 +192,7 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         "# The recipe's environment (pretrain/rocm.py: frontier_environment); caches node-local",
         *(f'export {k}="{v}"' for k, v in env.items()),
         "",
-        "# The venv to node-local storage: tar it once per chain (again when it changed), sbcast the",
-        "# tarball to every node, untar there in a one-task-per-node step; the caches are seeded",
-        "# from the chain's persistent copy in the same step.",
-        f"VENV={shlex.quote(venv)}",
-        'VENV_TAR="$RUN_CACHE/venv.tar"',
-        'if [ ! -f "$VENV_TAR" ] || [ -n "$(find "$VENV/" -newer "$VENV_TAR" -print -quit)" ]; then',
-        '    tar -C "$(dirname "$VENV")" -cf "$VENV_TAR.tmp" "$(basename "$VENV")"',
-        '    mv "$VENV_TAR.tmp" "$VENV_TAR"',
-        "fi",
-        'sbcast --force --compress "$VENV_TAR" "$NODE_TMP.venv.tar"',
-        NODE_SETUP,
-        "export -f node_setup",
-        f"srun -N {c.nodes} --ntasks-per-node=1 bash -c node_setup",
-        f'export VIRTUAL_ENV="$NODE_TMP/{venv_name}"',
-        'export PATH="$VIRTUAL_ENV/bin:$PATH"',
-        "",
+        *_venv_staging(config),
         "# The data, prepared once as its own step (one node, all its cores), only when the",
         "# manifest is missing or stale. A corpus that takes hours is better prepared by its own",
         f"# job first: sbatch -N 1 -c {node_cores} --wrap 'python pretrain/prepare.py ...', then this",
