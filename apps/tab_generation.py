@@ -54,7 +54,7 @@ def render(ctx: Context) -> None:
             "New tokens", value=default_new_tokens(ctx, room), step=1, key="gen_new"
         )
         if 1 <= new <= room:
-            st.caption(f"Up to {int(new)} tokens × {ctx.run.num_steps} steps: "
+            st.caption(f"Up to {int(new)} new token(s) × {ctx.run.num_steps} steps: "
                        f"{generation_estimate(ctx, int(new)).describe()}")  # fmt: skip
         crit = st.selectbox("Exit criterion", EXIT_CRITERIA, index=1, key="gen_exit")
         thr = st.number_input(
@@ -81,7 +81,9 @@ def render(ctx: Context) -> None:
     threshold = thr if thr > 0 else None
     with shown_as_message():
         progress = compute.TaskProgress(
-            f"Generating {new} tokens", "tokens", generation_estimate(ctx, new)
+            f"Generating {new} new token{'s' if new != 1 else ''}",
+            "tokens",
+            generation_estimate(ctx, new),
         )
         out = compute.generation(
             ctx.model,
