@@ -15,6 +15,8 @@ import torch
 import workbench
 from recurrent_model.hook_names import STATE
 from recurrent_model.threads import threads_for
+from workbench._frames import token_display_strings
+from workbench.interventions_common import run_init
 
 from . import cost
 from .compute import TaskProgress, estimate_flops
@@ -52,22 +54,33 @@ def patching(
     direction: str,
     init_scale: float,
     seed: int,
-    batch_size: int = 64,
-    _progress: TaskProgress | None = None,
+    metric: str = "logit_diff",
+    target: int | None = None,
+    corrupted_target: int | None = None,
+    _progress=None,
 ) -> pd.DataFrame:
-    """`workbench.patch_states` over every position (or all at once) and step; with
-    ``_progress`` a bar follows the patches (and Stop ends them between batches)."""
-    if _progress is not None:
-        _progress.start()
+    """`workbench.patch_states` over every position (or all at once) and step; ``_progress(done,
+    total)`` is called between batches (unhashed: a rerun with a new bar still hits the cache)."""
     with threads_for(_model):
-        frame = workbench.patch_states(
+        return workbench.patch_states(
             _model, list(clean), list(corrupted), num_steps, hook=hook, positions=positions,
-            direction=direction, init_scale=init_scale, seed=seed, batch_size=batch_size,
-            progress=_progress if _progress is not None else False,
+            direction=direction, init_scale=init_scale, seed=seed, metric=metric, target=target,
+            corrupted_target=corrupted_target, progress=_progress or False,
         )  # fmt: skip
-    if _progress is not None:
-        _progress.finish()
-    return frame
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def answer(
+    _model, model_key: ModelKey, token_ids: tuple[int, ...], num_steps: int, init_scale: float,
+    seed: int,
+) -> tuple[str, float]:  # fmt: skip
+    """The run's top next token at the last position and its probability (the patching s_0)."""
+    with threads_for(_model), torch.no_grad():
+        init = run_init(_model, len(token_ids), init_scale, seed, 1)
+        ids = torch.tensor([token_ids], device=_model.device)
+        probs = torch.softmax(_model(ids, num_steps=num_steps, **init).logits[0, -1].float(), -1)
+    top = int(probs.argmax())
+    return token_display_strings(_model.tokenizer, [top])[0], float(probs[top])
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

@@ -10,8 +10,10 @@ import numpy as np
 import streamlit as st
 
 from recurrent_model.hook_names import STATE, core
+from tasks.arithmetic import DEFAULT_PATCHING_PAIR
 from workbench import figures, pca_direction, plane_vector
 from workbench.dynamics import MIN_TAIL
+from workbench.patching import METRICS, patching_pair
 
 from . import intervention_compute as compute
 from .ui import Context, chart, default_tokens, table_download
@@ -24,44 +26,96 @@ def _init(ctx: Context) -> tuple[float, int]:
     return ctx.run.init_scale, ctx.run.seeds[0]
 
 
-def patching_panel(ctx: Context) -> None:
-    """Corrupt one token, then patch the clean activation back in at every (position, step)."""
-    tok = ctx.model.tokenizer
+PAIR_SOURCES = ("Default pair", "Corrupt a token of the prompt")
+
+
+def _pair_caption() -> str:
+    pair = DEFAULT_PATCHING_PAIR
+    return (
+        f"Default pair: {pair.clean!r} (answer {pair.answer}) against {pair.corrupted!r} (answer "
+        f"{pair.corrupted_answer}), from tasks.arithmetic."
+    )
+
+
+def _patch_inputs(ctx: Context, source: str, position: int, replacement: str):
+    """(clean ids, corrupted ids, target, corrupted target) of the chosen experiment: the default
+    arithmetic pair with its answer tokens, or the sidebar prompt with one token replaced and
+    both runs' own top tokens as the answers (None: chosen by `patch_states`)."""
+    if source == PAIR_SOURCES[0]:
+        pair = patching_pair(ctx.model)
+        return pair.clean_ids, pair.corrupted_ids, pair.target, pair.corrupted_target
     ids = ctx.run.token_ids
+    corrupted = compute.corrupt(ids, position, compute.one_token(ctx.model.tokenizer, replacement))
+    if corrupted == ids:
+        raise ValueError("the replacement is the token already there: pick another one")
+    return ids, corrupted, None, None
+
+
+def _show_answers(ctx: Context, frame, clean: tuple[int, ...], corrupted: tuple[int, ...]) -> None:
+    """The two runs' answers with their probabilities, and the gap the grid is normalised by."""
+    scale, seed = _init(ctx)
+    steps = ctx.run.num_steps
+    metric = frame.attrs["metric"]
+    cols = st.columns(3)
+    for col, label, ids in ((cols[0], "clean", clean), (cols[1], "corrupted", corrupted)):
+        token, prob = compute.answer(ctx.model, ctx.model_key, ids, steps, scale, seed)
+        col.metric(f"{label} answer", token, f"p = {prob:.3f}", delta_color="off")
+    unit = "logits" if metric == "logit_diff" else "nats"
+    cols[2].metric(f"gap ({metric})", f"{frame.attrs['gap']:.3g} {unit}")
+
+
+def patching_panel(ctx: Context) -> None:
+    """Patch the clean activation into the corrupted run at every (position, step)."""
     hooks = [STATE] + [core(j) for j in range(ctx.model.config.n_layers_in_recurrent_block)]
     with st.form("patching"):
+        source = st.radio("Experiment", PAIR_SOURCES, horizontal=True, key="patch_pair")
+        st.caption(_pair_caption())
         position = ctx.token_picker(
-            "Token to corrupt", "patch_position", default_tokens(ctx.tokens, 1)[0]
+            "Token to corrupt (prompt mode)", "patch_position", default_tokens(ctx.tokens, 1)[0]
         )
         replacement = st.text_input("Replacement (one token)", "5", key="patch_replacement")
-        c1, c2, c3 = st.columns(3)
+        c1, c2, c3, c4 = st.columns(4)
         hook = c1.selectbox("Hook", hooks, key="patch_hook")
         positions = c2.radio("Patch", ["each", "all"], horizontal=True, key="patch_positions")
         direction = c3.radio("Direction", ["denoising", "noising"], key="patch_direction")
-        cells = (len(ids) if positions == "each" else 1) * (ctx.run.num_steps + 1)
+        metric = c4.radio("Metric", METRICS, key="patch_metric")
         st.caption(
-            f"{cells} patches × up to {ctx.run.num_steps} steps; the target is the clean run's top "
-            "next token at the last position; restored = 1 means the patch alone brings it back."
+            "logit_diff = logit(clean answer) − logit(corrupted answer) at the last position; "
+            "restored = (patched − corrupted) / (clean − corrupted): 1 means the patch alone "
+            "brings the clean answer back, 0 that it changes nothing."
         )
         go = st.form_submit_button("Run patching")
     if go:
-        st.session_state["patch_request"] = (position, replacement, hook, positions, direction)
+        request = (source, position, replacement, hook, positions, direction, metric)
+        st.session_state["patch_request"] = request
     request = st.session_state.get("patch_request")
     if request is None:
-        st.info("Pick a token to corrupt and press Run patching.")
+        st.info("Pick an experiment and press Run patching.")
         return
-    position, replacement, hook, positions, direction = request
-    corrupted = compute.corrupt(ids, position, compute.one_token(tok, replacement))
-    if corrupted == ids:
-        st.warning("The replacement is the token already there: pick another one.")
-        return
+    source, position, replacement, hook, positions, direction, metric = request
+    clean, corrupted, target, corrupted_target = _patch_inputs(ctx, source, position, replacement)
     scale, seed = _init(ctx)
-    with st.spinner("Patching …", show_time=True):
-        frame = compute.patching(
-            ctx.model, ctx.model_key, ids, corrupted, ctx.run.num_steps, hook, positions,
-            direction, scale, seed,
-        )  # fmt: skip
-    chart(figures.patching_heatmap(frame), "patch_heatmap")
+    cells = (len(clean) if positions == "each" else 1) * (ctx.run.num_steps + 1)
+    bar = st.progress(0.0, text=f"patching: {cells} patches × up to {ctx.run.num_steps} steps")
+
+    def progress(done: int, total: int) -> None:  # a Streamlit call: Stop ends the run here
+        bar.progress(done / max(total, 1), text=f"patching: {done} of {total} patches")
+
+    frame = compute.patching(
+        ctx.model, ctx.model_key, clean, corrupted, ctx.run.num_steps, hook, positions,
+        direction, scale, seed, metric, target, corrupted_target, _progress=progress,
+    )  # fmt: skip
+    bar.empty()
+    _show_answers(ctx, frame, clean, corrupted)
+    if frame.gap_too_small.iloc[0]:
+        st.warning(
+            f"The clean and corrupted runs differ by {abs(frame.attrs['gap']):.2g} in {metric}, "
+            f"below {frame.attrs['min_gap']:g}: there is no difference in answer to restore, "
+            "and restored would divide noise by a small number. The grid is not drawn; pick a "
+            "corruption that changes the answer."
+        )
+    else:
+        chart(figures.patching_heatmap(frame), "patch_heatmap")
     table_download(frame, "patching")
 
 
@@ -122,6 +176,10 @@ def steering_panel(ctx: Context) -> None:
     c1, c2 = st.columns(2)
     c1.metric("KL(baseline ‖ steered)", f"{effect.kl:.4g}")
     c2.metric("Δ log p(baseline top token)", f"{effect.logprob_change:+.4g}")
+    st.caption(
+        f"Both at the last position: {effect.measure}. Mean KL over every position: "
+        f"{effect.kl_from(0):.3g} (the ablation tool's measure, from its token on)."
+    )
     st.dataframe(effect.top_k, hide_index=True, key="steer_topk")
     if result["sweep"] is not None:
         chart(figures.steering_sweep_figure(result["sweep"]), "steer_sweep")
@@ -156,6 +214,11 @@ def ablation_panel(ctx: Context) -> None:
     c1.metric("Effect of the token's plane", f"{res.effect:.4g}")
     c2.metric("Random planes", f"{res.control_mean:.4g} ± {res.control_std:.2g}")
     c3.metric("Percentile among random", f"{res.percentile:.0f} %")
+    st.caption(
+        f"Effect = {res.measure}. At the last position only (the steering tool's measure): "
+        f"{res.effect_last:.3g} against random {np.mean(res.control_last):.3g}, percentile "
+        f"{res.percentile_last:.0f} %."
+    )
     chart(figures.ablation_control_figure(res.table), "ablate_hist")
     table_download(res.table, "ablation")
 
