@@ -76,7 +76,9 @@ def test_checkpoint_discovery_and_errors(run_dir, tmp_path):
 def test_figure_has_a_trace_per_depth_and_kind(series):
     fig = checkpoint_series_figure(series)
     names = [t.name for t in fig.data]
-    assert names[:2] == ["r = 1", "r = 3"] and "train loss (logged)" in names
+    assert names[:2] == ["r = 1", "r = 3"] and "training loss (logged)" in names
+    steps = sorted(series["step"].unique())
+    assert list(fig.layout.xaxis.tickvals) == steps and list(fig.layout.xaxis3.tickvals) == steps
     assert {"fixed_point", "orbit", "slider", "other"} <= set(names)
     with pytest.raises(ValueError, match="missing column"):
         checkpoint_series_figure(series.drop(columns=["spread"]))

@@ -172,7 +172,7 @@ def test_training_ticks_on_checkpoints_and_sequential_legend():
     assert len({t.line.color for t in depth_lines}) == 3
     train = next(t for t in fig.data if t.name == "training loss (logged)")
     assert train.yaxis != depth_lines[0].yaxis  # its own axis: 1.5 beside 7 nats
-    assert figures.LOSS_NOTE in [a.text for a in fig.layout.annotations]
+    assert figures.LOSS_NOTE in [a.text.replace("<br>", " ") for a in fig.layout.annotations]
     spread_axis = fig.layout.yaxis4 if fig.layout.yaxis4.type == "log" else fig.layout.yaxis5
     assert spread_axis.type == "log" and len(spread_axis.tickvals) >= 2
     by_depth = figures.loss_by_depth_figure(frame)
