@@ -39,8 +39,10 @@ app: setup
 	$(VENV)/bin/streamlit run apps/trajectories.py --server.address localhost
 
 # JupyterLab on notebooks/ (each notebook finds the repository root itself, wherever it starts).
+# NOTEBOOK_ARGS adds options, e.g. NOTEBOOK_ARGS="--no-browser --port 8890" (or --allow-root as root).
+NOTEBOOK_ARGS ?=
 notebooks: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(NOTEBOOK_ARGS)
 
 bench: setup
 	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
