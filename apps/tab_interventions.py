@@ -13,7 +13,7 @@ from recurrent_model.hook_names import STATE, core
 from tasks.arithmetic import DEFAULT_PATCHING_PAIR
 from workbench import figures, pca_direction, plane_vector
 from workbench.dynamics import MIN_TAIL
-from workbench.patching import METRICS, patching_pair
+from workbench.patching import patching_pair
 
 from . import intervention_compute as compute
 from .ui import Context, chart, default_tokens, table_download
@@ -78,7 +78,7 @@ def patching_panel(ctx: Context) -> None:
         hook = c1.selectbox("Hook", hooks, key="patch_hook")
         positions = c2.radio("Patch", ["each", "all"], horizontal=True, key="patch_positions")
         direction = c3.radio("Direction", ["denoising", "noising"], key="patch_direction")
-        metric = c4.radio("Metric", METRICS, key="patch_metric")
+        metric = c4.radio("Metric", ("logit_diff", "logprob"), key="patch_metric")
         st.caption(
             "logit_diff = logit(clean answer) − logit(corrupted answer) at the last position; "
             "restored = (patched − corrupted) / (clean − corrupted): 1 means the patch alone "
