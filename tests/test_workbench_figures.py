@@ -122,6 +122,12 @@ def test_seed_overlay_and_spread_curves(traj):
 def test_lens_figures(lens_frame):
     heat = figures.lens_heatmap(lens_frame, "kl_to_final")
     assert heat.data[0].type == "heatmap" and heat.data[0].text.shape == (8, 7)
+    kl = heat.data[0].customdata  # KL spans decades: log colour, exact zeros at the smallest KL
+    floor = kl[kl > 0].min()
+    np.testing.assert_allclose(heat.data[0].z, np.log10(np.where(kl > 0, kl, floor)))
+    assert heat.data[0].colorbar.ticktext[0].startswith("1e")
+    prob = figures.lens_heatmap(lens_frame, "final_prob").data[0]
+    np.testing.assert_array_equal(prob.z, prob.customdata)
     table = figures.lens_table(lens_frame, 3)
     header, cells = table.data[0].header.values, table.data[0].cells.values
     assert header[-1] == "entropy" and len(table.data[0].columnwidth) == len(header)

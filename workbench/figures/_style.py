@@ -130,3 +130,17 @@ def token_lines(
         if shown:
             legend.append(label)
     return legend
+
+
+def log_colour(matrix: np.ndarray) -> tuple[np.ndarray, dict]:
+    """log10 of ``matrix`` for a heatmap's colour (zeros shown at the smallest positive value, so an
+    exact 0 reads as "at most this") and colour-bar ticks at the decades, labelled 1e-3 …"""
+    positive = matrix[matrix > 0]
+    floor = positive.min() if positive.size else 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        colour = np.log10(np.where(matrix > 0, matrix, floor))
+    finite = colour[np.isfinite(colour)]
+    if not finite.size:
+        return colour, {}
+    ticks = np.arange(np.floor(finite.min()), np.ceil(finite.max()) + 1)
+    return colour, dict(tickvals=ticks, ticktext=[f"1e{int(t)}" for t in ticks])

@@ -7,6 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .._frames import position_labels
+from ._style import log_colour
 
 
 def frame_matrix(frame: pd.DataFrame, value: str) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -33,14 +34,8 @@ def convergence_heatmap(
     colour = matrix
     colorbar: dict = dict(title=value)
     if log:
-        positive = matrix[matrix > 0]
-        floor = positive.min() if positive.size else 1.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            colour = np.log10(np.where(matrix > 0, matrix, floor))
-        finite = colour[np.isfinite(colour)]
-        if finite.size:
-            ticks = np.arange(np.floor(finite.min()), np.ceil(finite.max()) + 1)
-            colorbar.update(tickvals=ticks, ticktext=[f"1e{int(t)}" for t in ticks])
+        colour, ticks = log_colour(matrix)
+        colorbar.update(ticks)
     fig = go.Figure(
         go.Heatmap(
             z=colour,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from .._frames import printable
-from ._style import short_number
+from ._style import log_colour, short_number
 from .convergence import frame_matrix
+
+LOG_VALUES = ("final_rank", "kl_to_final")
 
 
 def lens_heatmap(
@@ -17,6 +18,8 @@ def lens_heatmap(
     """Heatmap of a ``lens`` column (final_prob, final_rank, kl_to_final, entropy) per token and step.
 
     Each cell shows the lens's top-1 token. With a ``sublayer`` column, rows are (step, sublayer).
+    final_rank and kl_to_final are coloured on a log scale (KL spans many decades; its exact 0 at
+    the last step shows at the smallest positive value).
     """
     frame = frame.copy()
     if "sublayer" in frame.columns:
@@ -25,7 +28,11 @@ def lens_heatmap(
     matrix, labels, steps = frame_matrix(frame, value)
     top1 = frame.pivot(index="position", columns="step", values="top1_token").sort_index()
     top1 = top1.map(lambda t: printable(t) if isinstance(t, str) else "")
-    colour = np.log10(matrix) if value == "final_rank" else matrix
+    colorbar: dict = dict(title=value)
+    colour = matrix
+    if value in LOG_VALUES:
+        colour, ticks = log_colour(matrix)
+        colorbar.update(ticks, title=f"{value} (log scale)")
     fig = go.Figure(
         go.Heatmap(
             z=colour,
@@ -36,7 +43,7 @@ def lens_heatmap(
             customdata=matrix,
             colorscale="Viridis",
             reversescale=value in ("kl_to_final", "entropy", "final_rank"),
-            colorbar=dict(title=("log10 " if value == "final_rank" else "") + value),
+            colorbar=colorbar,
             hovertemplate="%{y}<br>step %{x}<br>top-1 %{text}<br>"
             + value
             + " %{customdata:.4g}<extra></extra>",
