@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 import recurrent_model as rm
 from recurrent_model import functional as fn
@@ -81,8 +80,14 @@ def anderson_vs_plain(model: rm.RecurrentLM, max_iter: int, tol: float) -> None:
           f"(a capped count is a lower bound): {total_p / total_a:.1f}x fewer")  # fmt: skip
 
 
+def clamped_normal(shape, std: float, generator: torch.Generator) -> torch.Tensor:
+    """N(0, std²) clamped at ±3 std, drawn in bfloat16 (a truncated normal's scale, built fast)."""
+    w = torch.randn(shape, generator=generator, dtype=torch.bfloat16)
+    return w.clamp_(-3.0, 3.0).mul_(std)
+
+
 def big_core_map(tokens: int = 1, seed: int = 0) -> CoreMap:
-    """The huginn-0125 adapter and core block with random Takase-scaled weights in bfloat16."""
+    """The huginn-0125 adapter and core block with random Takase-scaled weights, all in bfloat16."""
     config = rm.preset("huginn-0125")
     h, g = config.n_embd, torch.Generator().manual_seed(seed)
     with torch.device("meta"):
@@ -98,15 +103,11 @@ def big_core_map(tokens: int = 1, seed: int = 0) -> CoreMap:
                 weights[name] = torch.zeros(shape, dtype=torch.bfloat16)
             else:
                 std = config.out_proj_std if name.endswith("proj.weight") else config.init_std
-                w = torch.empty(shape, dtype=torch.float32)
-                weights[name] = nn.init.trunc_normal_(
-                    w, 0, std, -3 * std, 3 * std, generator=g
-                ).bfloat16()
-        block_module = block.to_empty(device="cpu")
+                weights[name] = clamped_normal(shape, std, g)
+        block_module = block.to_empty(device="cpu").to(torch.bfloat16)  # parameters in bf16 too
         block_module.load_state_dict(weights)
         blocks.append(block_module.weights())
-    adapter = torch.empty(h, 2 * h)
-    adapter = nn.init.trunc_normal_(adapter, 0, config.init_std, generator=g).bfloat16()
+    adapter = clamped_normal((h, 2 * h), config.init_std, g)
     e = (torch.randn(tokens, h, generator=g) * config.init_std * h**0.5).bfloat16()
     rope = fn.rope_table(config.head_dim, tokens, config.rope_base)
     return CoreMap(e, adapter, blocks, rope, config.norm_eps)
@@ -145,12 +146,16 @@ def main() -> None:
     parser.add_argument("--max-iter", type=int, default=500)
     parser.add_argument("--big-passes", type=int, default=40)
     parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--only-big", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = rm.load_model(args.checkpoint).eval()
     print(
         f"{model.name}: {model.config.shape_summary()} (one thread; shared CPU, timings are noisy)"
     )
+    if args.only_big:
+        big_shape(args.big_passes)
+        return
     lyapunov_cost(model, args.repeats)
     for tol in (
         TOL,
