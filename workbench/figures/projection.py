@@ -78,7 +78,7 @@ def waterfall_3d(
 ) -> go.Figure:
     """Every token's path in (PC a, PC b) stacked along the token position: a 3-D waterfall.
 
-    One line per token, coloured by step (one shared colour bar), its end marked; at most
+    One line per token, coloured by step on a log scale (one shared colour bar), its end marked; at most
     ``max_tokens`` evenly spaced positions when none are given, and a fixed camera looking along
     the positions, so the paths read as a row of curves rather than a point cloud."""
     coords = np.asarray(coords)
@@ -90,6 +90,11 @@ def waterfall_3d(
         positions = np.unique(np.linspace(0, T - 1, min(T, max_tokens)).round().astype(int))
     a, b = components
     steps = np.arange(n_steps)
+    # the paths move most in their first steps: colour on log2(step + 1) so those steps differ
+    marks = [m for m in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256) if m < n_steps]
+    step_ticks = dict(
+        title="step", tickvals=np.log2(np.asarray(marks) + 1), ticktext=[str(m) for m in marks]
+    )
     fig = go.Figure()
     for i, p in enumerate(positions):
         fig.add_trace(
@@ -97,8 +102,9 @@ def waterfall_3d(
                 x=np.full(n_steps, p), y=coords[:, p, a], z=coords[:, p, b], mode="lines",
                 name=labels[p],
                 line=dict(
-                    color=steps, colorscale=STEP_COLORSCALE, width=5, showscale=i == 0,
-                    colorbar=dict(title="step") if i == 0 else None,
+                    color=np.log2(steps + 1), colorscale=STEP_COLORSCALE, width=5,
+                    cmin=0, cmax=np.log2(n_steps), showscale=i == 0,
+                    colorbar=step_ticks if i == 0 else None,
                 ),
                 text=[f"{labels[p]}<br>step {s}" for s in steps], hoverinfo="text",
             )
