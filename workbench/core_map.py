@@ -61,6 +61,7 @@ class StateMap:
         """x (h,) -> F(context with row ``position`` = x)[position]."""
         self.check_position(position)
         self.check_state(context)
+        position = position % self.shape[0]
 
         def token_map(x: torch.Tensor) -> torch.Tensor:
             rows = torch.cat([context[:position], x[None], context[position + 1 :]])
