@@ -28,6 +28,7 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
     assert not torch.allclose(ablated, eager, atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch, steps, budget", [(1, 2, None), (2, 2, None), (1, 10, 4)])
 def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget):
     # A one-token prompt needs no prefill, so only the decode step compiles (one small graph).
@@ -59,6 +60,7 @@ def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget):
     assert again.compile_seconds == 0.0 and torch.equal(again.sequences, eager.sequences)
 
 
+@pytest.mark.slow
 def test_compiled_prefill_gives_the_eager_tokens_for_any_prompt_length():
     # Two prompt lengths: the second call recompiles the prefill block with a symbolic length.
     torch.manual_seed(0)
@@ -134,6 +136,7 @@ def test_deep_decode_tokens_run_as_a_few_graphs_of_bounded_depth():
         assert order == sorted(order) == list(range(len(cache.kv_slots)))
 
 
+@pytest.mark.slow
 def test_a_depth_sweep_compiles_past_dynamo_recompile_limit():
     # Every depth is its own decode graph; dynamo's per-function limit (8, here lowered to 1) must
     # not stop a sweep, which with fullgraph=True would raise on the first graph past it.
@@ -152,6 +155,7 @@ def test_a_depth_sweep_compiles_past_dynamo_recompile_limit():
     assert torch._dynamo.config.recompile_limit == before  # the decode's own lifts are undone
 
 
+@pytest.mark.slow
 def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
     # The decode graph builds the attention mask itself from the position and the pad mask.
     torch.manual_seed(0)
@@ -169,6 +173,7 @@ def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
     torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
     # After a piece's first call its graph runs without dynamo (CompiledDecode fixes every input but
     # the per-token four). A piece whose graph passes an input through (the prelude piece's s_0, a
