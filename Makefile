@@ -27,7 +27,7 @@ test: setup lint browser
 	$(PY) -m pytest
 
 # The edit-test loop: every test but those marked slow (multi-rank runs, notebooks, the browser test,
-# corpus builds); `make test` still runs them all.
+# corpus builds, compiled decodes); `make test` still runs them all.
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
