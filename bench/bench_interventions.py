@@ -25,6 +25,7 @@ import torch
 
 import recurrent_model as rm
 import workbench as wb
+from recurrent_model.hook_names import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (
@@ -61,13 +62,13 @@ def naive_patching(
     restored per cell); the two reference runs are not timed."""
     with torch.inference_mode():
         out_c, cache = model.run_with_cache(
-            clean[None], num_steps=num_steps, names_filter="core.hook_state", init_scale=0.0
+            clean[None], num_steps=num_steps, names_filter=STATE, init_scale=0.0
         )
         out_x = model(corrupted[None], num_steps=num_steps, init_scale=0.0)
         lp_c = torch.log_softmax(out_c.logits[0, -1], -1)
         lp_x = torch.log_softmax(out_x.logits[0, -1], -1)
         target = int(lp_c.argmax())
-        states = cache["core.hook_state"]
+        states = cache[STATE]
         patched = []
         t0 = time.perf_counter()
         for pos, step in cells:
@@ -79,7 +80,7 @@ def naive_patching(
                 x[0, pos] = states[step][0, pos]
                 return x
 
-            with model.hooks([("core.hook_state", put)]):
+            with model.hooks([(STATE, put)]):
                 out = model(corrupted[None], num_steps=num_steps, init_scale=0.0)
             patched.append(float(torch.log_softmax(out.logits[0, -1], -1)[target]))
         seconds = time.perf_counter() - t0

@@ -9,7 +9,7 @@ import torch
 
 import recurrent_model as rm
 import workbench as wb
-from recurrent_model.hook_names import STATE
+from recurrent_model.hook_names import STATE, E, core
 from recurrent_model.hooks import Hook, HookError
 from recurrent_model.standin import DEFAULT_CHECKPOINT
 from workbench.ablation import random_bases
@@ -59,7 +59,7 @@ def test_positions_before_the_corruption_restore_nothing_and_the_grid_has_one_ro
 
 def test_restored_matches_a_hand_written_patch(model, pair):
     clean, corrupted = pair
-    hook, pos, step = "core.1.hook_resid_post", 2, 3
+    hook, pos, step = core(1, "hook_resid_post"), 2, 3
     df = wb.patch_states(model, clean, corrupted, STEPS, hook=hook, positions=[pos], steps=[step])
     with torch.no_grad():
         out_c, cache = model.run_with_cache(
@@ -83,21 +83,21 @@ def test_restored_matches_a_hand_written_patch(model, pair):
     assert df.logprob[0] == pytest.approx(float(lp[2][target]), abs=1e-5)
 
 
-@pytest.mark.parametrize("hook", ["core.hook_state", "core.0.hook_attn_out", "hook_e"])
+@pytest.mark.parametrize("hook", [STATE, core(0, "hook_attn_out"), E])
 def test_batched_patches_equal_one_at_a_time(model, pair, hook):
     batched = wb.patch_states(model, *pair, STEPS, hook=hook, batch_size=64)
     single = wb.patch_states(model, *pair, STEPS, hook=hook, batch_size=1)
     np.testing.assert_allclose(batched.restored, single.restored, atol=RATIO_ATOL)
-    if hook == "hook_e":
+    if hook == E:
         assert (batched.step == -1).all() and len(batched) == 6
 
 
 @pytest.mark.parametrize(
     ("direction", "hook"),
     [
-        ("denoising", "core.hook_state"),
-        ("noising", "core.hook_state"),
-        ("noising", "core.1.hook_mlp_out"),
+        ("denoising", STATE),
+        ("noising", STATE),
+        ("noising", core(1, "hook_mlp_out")),
     ],
 )
 def test_resuming_from_the_cached_state_equals_patching_through_the_hook(
@@ -132,7 +132,7 @@ def test_patching_rejects_bad_input(model, pair):
     with pytest.raises(ValueError, match="positions"):
         wb.patch_states(model, clean, corrupted, STEPS, positions=[6])
     with pytest.raises(ValueError, match="does not fire at step"):
-        wb.patch_states(model, clean, corrupted, STEPS, hook="core.0.hook_mlp_out", steps=[0])
+        wb.patch_states(model, clean, corrupted, STEPS, hook=core(0, "hook_mlp_out"), steps=[0])
     with pytest.raises(ValueError, match="identical"):
         wb.patch_states(model, clean, clean, STEPS)
     with pytest.raises(ValueError, match="metric"):
@@ -254,11 +254,11 @@ def test_steering_with_zero_alpha_or_zero_vector_is_a_no_op(model, pair):
         wb.add_vector_hook(np.zeros(model.config.n_embd), 5.0, (1, 3)),
         wb.rotate_plane_hook(np.eye(model.config.n_embd)[:2], 0.0, (1, 3)),
     ):
-        effect = wb.steering_effect(model, ids, STEPS, [("core.hook_state", fn)])
+        effect = wb.steering_effect(model, ids, STEPS, [(STATE, fn)])
         assert effect.kl == 0.0 and effect.logprob_change == 0.0
         assert (effect.top_k.baseline_token == effect.top_k.steered_token).all()
     strong = wb.steering_effect(
-        model, ids, STEPS, [("core.hook_state", wb.add_vector_hook(_vector(model), 5.0, (1, 3)))]
+        model, ids, STEPS, [(STATE, wb.add_vector_hook(_vector(model), 5.0, (1, 3)))]
     )
     assert strong.kl > 1e-3 and strong.logprob_change != 0.0
 
@@ -267,17 +267,17 @@ def test_steering_acts_only_at_the_chosen_iterations(model, pair):
     v = torch.as_tensor(_vector(model), dtype=torch.float32)
     with torch.no_grad():
         _, base = model.run_with_cache(
-            pair[0][None], num_steps=STEPS, names_filter="core.hook_state", init_scale=0.0
+            pair[0][None], num_steps=STEPS, names_filter=STATE, init_scale=0.0
         )
-        with model.hooks([("core.hook_state", wb.add_vector_hook(v, 2.0, (2, 3)))]):
+        with model.hooks([(STATE, wb.add_vector_hook(v, 2.0, (2, 3)))]):
             _, steered = model.run_with_cache(
-                pair[0][None], num_steps=STEPS, names_filter="core.hook_state", init_scale=0.0
+                pair[0][None], num_steps=STEPS, names_filter=STATE, init_scale=0.0
             )
-    s0, s1 = base["core.hook_state"], steered["core.hook_state"]
+    s0, s1 = base[STATE], steered[STATE]
     torch.testing.assert_close(s1[:2], s0[:2], rtol=0, atol=0)  # steps 0, 1 untouched
     assert not torch.allclose(s1[2], s0[2])
     # at step 2 the recorded state is the step's output plus 2v
-    h = Hook("core.hook_state", 2)
+    h = Hook(STATE, 2)
     raw = s1[2] - 2.0 * v
     torch.testing.assert_close(wb.add_vector_hook(v, 2.0, (2, 3))(raw, h), s1[2])
 
@@ -287,7 +287,7 @@ def test_rotation_turns_the_plane_component_and_keeps_the_rest():
     plane = np.random.default_rng(3).normal(size=(2, h))
     x = torch.randn(2, 5, h, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     fn = wb.rotate_plane_hook(plane, np.pi / 2, (1, 1))
-    out = fn(x, Hook("core.hook_state", 1))
+    out = fn(x, Hook(STATE, 1))
     u = torch.as_tensor(plane[0] / np.linalg.norm(plane[0]))  # Gram–Schmidt by hand
     w = torch.as_tensor(plane[1]) - (torch.as_tensor(plane[1]) @ u) * u
     q = torch.stack([u, w / w.norm()])
@@ -295,9 +295,9 @@ def test_rotation_turns_the_plane_component_and_keeps_the_rest():
     torch.testing.assert_close(after[..., 0], -before[..., 1])  # (a, b) -> (−b, a)
     torch.testing.assert_close(after[..., 1], before[..., 0])
     torch.testing.assert_close(out - after @ q, x - before @ q)  # the orthogonal part is untouched
-    full = wb.rotate_plane_hook(plane, 2 * np.pi)(x, Hook("core.hook_state", 1))
+    full = wb.rotate_plane_hook(plane, 2 * np.pi)(x, Hook(STATE, 1))
     torch.testing.assert_close(full, x)
-    assert fn(x, Hook("core.hook_state", 2)) is None  # outside the iteration range
+    assert fn(x, Hook(STATE, 2)) is None  # outside the iteration range
 
 
 def test_directions_difference_of_means_pca_and_plane_vector(model):
@@ -306,8 +306,8 @@ def test_directions_difference_of_means_pca_and_plane_vector(model):
     with torch.no_grad():
         last = [
             model.run_with_cache(
-                torch.tensor([p]), num_steps=STEPS, names_filter="core.hook_state", init_scale=0.0
-            )[1]["core.hook_state"][STEPS, 0, -1].double()
+                torch.tensor([p]), num_steps=STEPS, names_filter=STATE, init_scale=0.0
+            )[1][STATE][STEPS, 0, -1].double()
             for p in prompts_a + prompts_b
         ]
     expected = (last[0] + last[1]) / 2 - last[2]
@@ -325,9 +325,9 @@ def test_directions_difference_of_means_pca_and_plane_vector(model):
 
 def test_generation_honours_steering_hooks(model, pair):
     fn = wb.add_vector_hook(_vector(model), 20.0, (1, 3))
-    base, steered = wb.steered_generation(model, pair[0], 5, STEPS, [("core.hook_state", fn)])
+    base, steered = wb.steered_generation(model, pair[0], 5, STEPS, [(STATE, fn)])
     x = pair[0][None]
-    with torch.no_grad(), model.hooks([("core.hook_state", fn)]):
+    with torch.no_grad(), model.hooks([(STATE, fn)]):
         for _ in range(5):  # greedy by full recomputation, the hook active
             nxt = model(x, num_steps=STEPS, init_scale=0.0).logits[:, -1:].argmax(-1)
             x = torch.cat([x, nxt], dim=1)
@@ -346,13 +346,13 @@ def test_projecting_out_removes_exactly_that_component(model, pair):
     def record(x, h):
         raw[h.step] = x.clone()
 
-    with torch.no_grad(), model.hooks([("core.hook_state", record)]):
-        with model.hooks([("core.hook_state", fn)]):
+    with torch.no_grad(), model.hooks([(STATE, record)]):
+        with model.hooks([(STATE, fn)]):
             _, cache = model.run_with_cache(
-                ids, num_steps=STEPS, names_filter="core.hook_state", init_scale=0.0
+                ids, num_steps=STEPS, names_filter=STATE, init_scale=0.0
             )
     q = plane.float()
-    states = cache["core.hook_state"]
+    states = cache[STATE]
     for step in range(1, STEPS + 1):
         after, before = states[step, 0], raw[step][0]
         assert (after[pos] @ q.T).abs().max() < 1e-5  # nothing left in the plane
@@ -415,11 +415,14 @@ def test_ablating_a_direction_batched_equals_one_by_one(model, pair):
 def test_figures_carry_the_numbers(model, pair):
     from workbench.figures import ablation_control_figure, patching_heatmap, steering_sweep_figure
 
-    df = wb.patch_states(model, *pair, STEPS, positions=[1, 2])
+    # the random tiny model's log-prob gap is below MIN_GAP: min_gap=0 keeps its grid drawn
+    df = wb.patch_states(model, *pair, STEPS, positions=[1, 2], min_gap=0.0)
     heat = patching_heatmap(df).data[0]
     np.testing.assert_allclose(np.asarray(heat.z), _grid(df).to_numpy())
     assert heat.zmin == -heat.zmax and len(heat.y) == 2
-    everywhere = patching_heatmap(wb.patch_states(model, *pair, STEPS, positions="all"))
+    everywhere = patching_heatmap(
+        wb.patch_states(model, *pair, STEPS, positions="all", min_gap=0.0)
+    )
     assert everywhere.data[0].y == ("all positions",)
 
     sweep = wb.steering_sweep(model, pair[0], STEPS, _vector(model), [0.0, 1.0, 4.0], steps=(1, 2))

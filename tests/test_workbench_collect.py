@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import workbench as wb
+from recurrent_model.hook_names import STATE
 
 IDS = torch.arange(3, 15)
 
@@ -17,10 +18,10 @@ def test_collect_shapes_seeds_and_matches_run_with_cache(model):
     _, cache = model.run_with_cache(
         IDS[None],
         num_steps=5,
-        names_filter="core.hook_state",
+        names_filter=STATE,
         generator=torch.Generator().manual_seed(1),
     )
-    raw = cache["core.hook_state"][:, 0]
+    raw = cache[STATE][:, 0]
     np.testing.assert_array_equal(traj.raw_states[1], raw.numpy())
     np.testing.assert_array_equal(traj.states[1], model.transformer.ln_f(raw).detach().numpy())
     assert not np.allclose(traj.states[0], traj.states[1])

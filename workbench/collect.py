@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from recurrent_model.hook_names import STATE
 from recurrent_model.kv_cache import available_memory
 
 from .trajectory import Trajectory
@@ -155,17 +156,17 @@ def collect(
         ticks = (
             []
             if on_progress is None
-            else [("core.hook_state", _ticker(on_progress, start, stop, num_steps, total))]
+            else [(STATE, _ticker(on_progress, start, stop, num_steps, total))]
         )
         with model.hooks(ticks):
             _, cache = model.run_with_cache(
                 batch_ids,
                 num_steps=num_steps,
                 init_state=init[start:stop].to(device),
-                names_filter="core.hook_state",
+                names_filter=STATE,
                 cache_device="cpu",
             )
-        states = cache["core.hook_state"].float()  # (steps + 1, B, T, h)
+        states = cache[STATE].float()  # (steps + 1, B, T, h)
         raw[start:stop] = states.permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
 
     tokens = token_strings(model, ids[0].tolist())
