@@ -112,3 +112,16 @@ def test_arithmetic_answer_checks_agree():
     problems = arithmetic.arithmetic_problems(10, seed=3)
     for p in problems:
         assert eval(p.prompt.removesuffix("= "), {"__builtins__": {}}) == int(p.answer)  # noqa: S307
+
+
+def test_corrupted_operand_pair_changes_the_one_digit_answer() -> None:
+    from tasks.arithmetic import DEFAULT_PATCHING_PAIR, corrupted_operand_pair
+
+    pair = corrupted_operand_pair(3, 4, 2)
+    assert pair == DEFAULT_PATCHING_PAIR
+    assert (pair.clean, pair.corrupted) == ("3 + 4 = ", "3 + 2 = ")
+    assert (pair.answer, pair.corrupted_answer) == ("7", "5")
+    assert len(pair.clean) == len(pair.corrupted)
+    for bad, message in (((3, 4, 4), "differ"), ((5, 6, 1), "below 10"), ((3, 12, 2), "single")):
+        with pytest.raises(ValueError, match=message):
+            corrupted_operand_pair(*bad)
