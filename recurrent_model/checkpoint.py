@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ from .saving import (  # noqa: F401 (the writing half of the format, re-exported
     write_checkpoint_files,
 )
 from .tokenizer import HuginnTokenizer
+from .training_shards import SHARDS_DIR, read_tensors, saved_shapes, training_shards
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Keys a checkpoint may carry that we recompute (RoPE table) or tie (head = embedding).
@@ -203,14 +205,33 @@ def load_model(
     tokenizer = checked_tokenizer(directory, config, required=require_tokenizer)
     with torch.device("meta"):
         model = RecurrentLM(config, init_weights=False)
-    files = weight_files(directory)
-    headers = read_headers(directory, files)
+    headers, tensors = _stored_tensors(directory, model)
     check_against_model(directory, model, headers)
     target = resolve_dtype(dtype) if dtype not in (None, "auto") else stored_dtype(raw, headers)
     device = torch.device(device) if device is not None else torch.device("cpu")
-    assign_weights(model, directory, files, device, target)
+    assign_weights(model, directory, tensors(), device, target)
     model.tokenizer = tokenizer
     return model.eval()
+
+
+def _stored_tensors(
+    directory: Path, model: RecurrentLM
+) -> tuple[dict[str, TensorHeader], Callable[[], Iterable[tuple[str, torch.Tensor]]]]:
+    """The headers of the weights a checkpoint stores, and a reader of its tensors: the Huginn-layout
+    files, or, for a training checkpoint saved between exports, its distributed-checkpoint shards."""
+    has_weights = (directory / SINGLE_FILE).is_file() or (directory / INDEX_FILE).is_file()
+    shards = training_shards(directory, has_weights)
+    if shards is None:
+        files = weight_files(directory)
+        return read_headers(directory, files), lambda: file_tensors(directory, files)
+    expected = set(model.state_dict()) | set(IGNORED_KEYS)
+    saved = {k: v for k, v in saved_shapes(shards).items() if k in expected}
+    dtype_names = {v: k for k, v in TENSOR_DTYPES.items()}
+    headers = {
+        k: TensorHeader(SHARDS_DIR, shape, dtype_names.get(dtype, str(dtype)))
+        for k, (shape, dtype) in saved.items()
+    }
+    return headers, lambda: read_tensors(shards, saved).items()
 
 
 def checkpoint_directory(path: str | os.PathLike) -> tuple[Path, str | None]:
@@ -283,27 +304,35 @@ def stored_dtype(raw_config: dict, headers: dict[str, TensorHeader]) -> torch.dt
     return found.pop() if len(found) == 1 else torch.float32
 
 
+def file_tensors(
+    directory: Path, files: dict[str, list[str]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key, tensor) for every stored tensor, shard by shard, memory-mapped from the files."""
+    for name in files:
+        with safe_open(directory / name, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+
+
 @torch.no_grad()
 def assign_weights(
     model: RecurrentLM,
     directory: Path,
-    files: dict[str, list[str]],
+    tensors: Iterable[tuple[str, torch.Tensor]],
     device: torch.device,
     dtype: torch.dtype,
 ) -> None:
-    """Give the meta-device ``model`` the checkpoint's tensors, shard by shard, on ``device`` in
-    ``dtype``; the head is tied to the embedding (a stored head must equal it)."""
+    """Give the meta-device ``model`` the checkpoint's ``tensors`` on ``device`` in ``dtype``; the
+    head is tied to the embedding (a stored head must equal it)."""
     head: torch.Tensor | None = None
-    for name in files:
-        with safe_open(directory / name, framework="pt", device="cpu") as f:
-            for key in f.keys():
-                if key in IGNORED_KEYS:
-                    continue
-                tensor = f.get_tensor(key).to(device=device, dtype=dtype)
-                if key == TIED_HEAD:
-                    head = tensor
-                    continue
-                _set_parameter(model, key, tensor)
+    for key, stored in tensors:
+        if key in IGNORED_KEYS:
+            continue
+        tensor = stored.to(device=device, dtype=dtype)
+        if key == TIED_HEAD:
+            head = tensor
+            continue
+        _set_parameter(model, key, tensor)
     model.lm_head.weight = model.transformer.wte.weight
     if head is not None and not torch.equal(head, model.transformer.wte.weight):
         raise CheckpointError(

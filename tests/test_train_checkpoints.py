@@ -91,6 +91,21 @@ def test_export_cadence_and_dtype(tiny):
     assert {v.dtype for v in shards.values()} == {torch.float32}
 
 
+def test_load_model_opens_a_checkpoint_that_was_not_exported(tiny, tmp_path):
+    _, _, run = tiny
+    step2 = run / "checkpoints" / "step-0000002"
+    before = tree_digest(step2)
+    model = recurrent_model.load_model(step2, dtype=torch.float32)
+    ck.consolidate_checkpoint(step2, tmp_path / "export")
+    reference = recurrent_model.load_model(tmp_path / "export", dtype=torch.float32)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert tree_digest(step2) == before  # reading the shards writes nothing
+
+
 def test_resume_from_a_checkpoint_that_was_not_exported_is_exact(tiny, tmp_path):
     _, config, run = tiny
     copy = tmp_path / "copy"
