@@ -90,13 +90,16 @@ def render(ctx: Context) -> None:
         + (f", period {row['period']:.1f} steps" if row["kind"] == "orbit" else "")
     )
     basis = compute.plane(ctx.traj, ctx.key, position)
+    run = f"seed {ctx.traj.seeds[0]}"
     chart(
-        figures.rotation_panel(ctx.traj.states[0][:, position], basis, ctx.labels[position]),
+        figures.rotation_panel(
+            ctx.traj.states[0][:, position], basis, ctx.labels[position], run=run
+        ),
         "rotation",
     )
     coords, evr = compute.pca(ctx.traj, ctx.key)
     chart(
-        figures.pc_pair_panels(coords, [position], ctx.tokens, explained_variance=evr),
+        figures.pc_pair_panels(coords, [position], ctx.tokens, explained_variance=evr, run=run),
         "dyn_pc_pairs",
     )
     table_download(frame.reset_index(), "dynamics")

@@ -29,6 +29,7 @@ def render(ctx: Context) -> None:
     """PCA per PC pair per token, the 3-D waterfall, and UMAP on request."""
     coords, evr = compute.pca(ctx.traj, ctx.key)
     seeds = ctx.traj.seeds
+    run = f"seed {seeds[0]}"
     st.caption(
         f"Seed {seeds[0]}: the paths start from its random s_0 (init scale {ctx.run.init_scale:g}); "
         + ("the other seeds are compared in Path independence." if len(seeds) > 1 else "")
@@ -37,26 +38,29 @@ def render(ctx: Context) -> None:
     positions = ctx.tokens_picker("Tokens", "traj_tokens", default_tokens(ctx.tokens))
     if positions:
         chart(
-            figures.pc_pair_panels(coords, positions, ctx.tokens, explained_variance=evr),
+            figures.pc_pair_panels(coords, positions, ctx.tokens, explained_variance=evr, run=run),
             "pc_pairs",
         )
     else:
         st.info("Pick at least one token to see its path on the PC pairs.")
     pair = st.selectbox("Waterfall plane", list(PC_PAIRS), key="waterfall_pair")
     if max(PC_PAIRS[pair]) < coords.shape[-1]:
-        chart(figures.waterfall_3d(coords, ctx.tokens, components=PC_PAIRS[pair]), "waterfall")
+        chart(
+            figures.waterfall_3d(coords, ctx.tokens, components=PC_PAIRS[pair], run=run),
+            "waterfall",
+        )
     states = (ctx.traj.num_steps + 1) * ctx.traj.n_tokens
     umap_label = (
-        f"UMAP of the {states} states of seed 0 (fitted on their first 50 principal components, "
+        f"UMAP of the {states} states of {run} (fitted on their first 50 principal components, "
         "so its time depends on the states, not the model's size; the first call imports umap "
         "and compiles it with numba, about 20 s)"
     )
     if st.toggle(umap_label, key="umap"):
         with st.spinner(f"Fitting UMAP on {states} states …", show_time=True):
             coords_umap = compute.umap(ctx.traj, ctx.key)
-        fig = figures.waterfall_3d(coords_umap, ctx.tokens)
+        fig = figures.waterfall_3d(coords_umap, ctx.tokens, run=run)
         fig.update_layout(
-            title="UMAP of all states by token position",
+            title=f"UMAP of all states by token position ({run})",
             scene=dict(yaxis_title="UMAP1", zaxis_title="UMAP2"),
         )
         chart(fig, "umap_waterfall")
