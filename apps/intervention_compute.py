@@ -57,16 +57,24 @@ def patching(
     metric: str = "logit_diff",
     target: int | None = None,
     corrupted_target: int | None = None,
-    _progress=None,
+    batch_size: int = 64,
+    _progress: TaskProgress | None = None,
 ) -> pd.DataFrame:
-    """`workbench.patch_states` over every position (or all at once) and step; ``_progress(done,
-    total)`` is called between batches (unhashed: a rerun with a new bar still hits the cache)."""
+    """`workbench.patch_states` over every position (or all at once) and step, ``batch_size``
+    patches per forward; with ``_progress`` a bar follows the patches (and Stop ends them between
+    batches). Unhashed, so a rerun with a new bar still hits the cache."""
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
-        return workbench.patch_states(
+        frame = workbench.patch_states(
             _model, list(clean), list(corrupted), num_steps, hook=hook, positions=positions,
             direction=direction, init_scale=init_scale, seed=seed, metric=metric, target=target,
-            corrupted_target=corrupted_target, progress=_progress or False,
+            corrupted_target=corrupted_target, batch_size=batch_size,
+            progress=_progress if _progress is not None else False,
         )  # fmt: skip
+    if _progress is not None:
+        _progress.finish()
+    return frame
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -111,6 +119,28 @@ def _hooks(vector: np.ndarray | None, plane: np.ndarray | None, mode: str, amoun
     return [(STATE, workbench.add_vector_hook(vector, amount, steps))]
 
 
+SWEEP_POINTS = 6
+
+
+def sweep_alphas(amount: float) -> np.ndarray:
+    """The α sweep beside an added vector: 0 … α in SWEEP_POINTS steps (just 0 when α is 0)."""
+    return np.linspace(0.0, amount, SWEEP_POINTS) if amount else np.zeros(1)
+
+
+def steering_forwards(mode: str, amount: float) -> int:
+    """Forwards of one steering request: the baseline and the steered run, and both again for
+    every α of the sweep when adding a vector."""
+    return 2 + (2 * len(sweep_alphas(amount)) if mode == "add" else 0)
+
+
+def steering_estimate(
+    model, tokens: int, num_steps: int, mode: str, amount: float
+) -> cost.CostEstimate:
+    """The estimated time of one steering request (see steering_forwards)."""
+    flops = cost.forward_flops(model.config, tokens, num_steps, steering_forwards(mode, amount))
+    return estimate_flops(model, flops, rows=tokens)
+
+
 @st.cache_data(max_entries=16, show_spinner=False)
 def steering(
     _model,
@@ -130,7 +160,7 @@ def steering(
         effect = workbench.steering_effect(_model, list(token_ids), num_steps, hooks)
         sweep = None
         if mode == "add":
-            alphas = np.linspace(0.0, amount, 6) if amount else [0.0]
+            alphas = sweep_alphas(amount)
             sweep = workbench.steering_sweep(
                 _model, list(token_ids), num_steps, _vector, alphas, steps=steps
             )

@@ -15,8 +15,10 @@ from workbench import figures, pca_direction, plane_vector
 from workbench.dynamics import MIN_TAIL
 from workbench.patching import patching_pair
 
+from . import cost
 from . import intervention_compute as compute
-from .ui import Context, chart, default_tokens, table_download
+from .tab_generation import generation_estimate
+from .ui import Context, chart, default_tokens, estimate_gate, table_download
 
 TOOLS = ("Patching", "Steering", "Ablation")
 
@@ -95,17 +97,17 @@ def patching_panel(ctx: Context) -> None:
     source, position, replacement, hook, positions, direction, metric = request
     clean, corrupted, target, corrupted_target = _patch_inputs(ctx, source, position, replacement)
     scale, seed = _init(ctx)
-    cells = (len(clean) if positions == "each" else 1) * (ctx.run.num_steps + 1)
-    bar = st.progress(0.0, text=f"patching: {cells} patches × up to {ctx.run.num_steps} steps")
-
-    def progress(done: int, total: int) -> None:  # a Streamlit call: Stop ends the run here
-        bar.progress(done / max(total, 1), text=f"patching: {done} of {total} patches")
-
+    steps = ctx.run.num_steps
+    patches = (len(clean) if positions == "each" else 1) * (steps + 1)
+    guess, batch_size = compute.patching_plan(ctx.model, len(clean), steps, patches)
+    what = f"Patching: {patches} patches × up to {steps} steps, {batch_size} per batch"
+    if not estimate_gate(what, guess, "patch_go", (ctx.key, request)):
+        return
+    progress = compute.TaskProgress(f"Patching {patches} patches", "patches", guess)
     frame = compute.patching(
-        ctx.model, ctx.model_key, clean, corrupted, ctx.run.num_steps, hook, positions,
-        direction, scale, seed, metric, target, corrupted_target, _progress=progress,
+        ctx.model, ctx.model_key, clean, corrupted, steps, hook, positions, direction, scale,
+        seed, metric, target, corrupted_target, batch_size=batch_size, _progress=progress,
     )  # fmt: skip
-    bar.empty()
     _show_answers(ctx, frame, clean, corrupted)
     if frame.gap_too_small.iloc[0]:
         st.warning(
@@ -170,7 +172,12 @@ def steering_panel(ctx: Context) -> None:
         ctx.model, ctx.model_key, ctx.run.token_ids, steps, vector, plane, key, mode,
         float(amount), (int(first), int(last)),
     )  # fmt: skip
-    with st.spinner("Steering …"):
+    tokens = len(ctx.run.token_ids)
+    guess = compute.steering_estimate(ctx.model, tokens, steps, mode, float(amount))
+    what = f"Steering: {compute.steering_forwards(mode, float(amount))} forwards × {steps} steps"
+    if not estimate_gate(what, guess, "steer_go", (ctx.key, key, mode, float(amount), first, last)):
+        return
+    with st.spinner(f"Steering ({guess.describe()}) …", show_time=True):
         result = compute.steering(*args)
     effect = result["effect"]
     c1, c2 = st.columns(2)
@@ -185,8 +192,11 @@ def steering_panel(ctx: Context) -> None:
         chart(figures.steering_sweep_figure(result["sweep"]), "steer_sweep")
     room = ctx.model.config.block_size - len(ctx.run.token_ids)
     new = st.number_input("New tokens", 1, max(room, 1), min(16, max(room, 1)), key="steer_new")
+    one = generation_estimate(ctx, int(new))
+    gen = cost.CostEstimate(2 * one.flops, one.flops_per_second, 2 * one.seconds)
+    st.caption(f"Two greedy continuations of {int(new)} tokens × {steps} steps: {gen.describe()}")
     if st.button("Generate with and without steering", key="steer_generate"):
-        with st.spinner("Generating …"):
+        with st.spinner(f"Generating ({gen.describe()}) …", show_time=True):
             base, steered = compute.steered_text(*args, int(new))
         st.text_area("Without steering", base, disabled=True, key="steer_base_text")
         st.text_area("With steering", steered, disabled=True, key="steer_text")
@@ -198,9 +208,16 @@ def ablation_panel(ctx: Context) -> None:
     if steps < MIN_TAIL:
         st.info(f"A rotation plane needs at least {MIN_TAIL} steps; raise the step count.")
         return
+    tokens = len(ctx.run.token_ids)
     with st.form("ablation"):
         position = ctx.token_picker("Token", "ablate_token", default_tokens(ctx.tokens, 1)[0])
-        n_random = st.number_input("Random planes (control)", 2, 256, 32, key="ablate_random")
+        planes = compute.default_random_planes(ctx.model, tokens, steps)
+        n_random = st.number_input("Random planes (control)", 2, 256, planes, key="ablate_random")
+        st.caption(
+            f"{planes} control planes by default: the most of "
+            f"{', '.join(map(str, compute.RANDOM_PLANE_CHOICES))} whose ablation fits the app's "
+            "time budget on this model and device."
+        )
         go = st.form_submit_button("Run ablation")
     if go:
         st.session_state["ablate_request"] = (position, int(n_random))
@@ -208,8 +225,18 @@ def ablation_panel(ctx: Context) -> None:
     if request is None:
         st.info("Pick a token and press Run ablation (its plane is fitted on raw states, s_0 = 0).")
         return
-    with st.spinner("Ablating …", show_time=True):
-        res = compute.ablation(ctx.model, ctx.model_key, ctx.run.token_ids, steps, *request)
+    guess, batch_size = compute.ablation_plan(ctx.model, tokens, steps, request[1])
+    what = (
+        f"Ablation: the token's plane and {request[1]} random planes × {steps} steps, "
+        f"{batch_size} per batch"
+    )
+    if not estimate_gate(what, guess, "ablate_go", (ctx.key, request)):
+        return
+    progress = compute.TaskProgress("Ablating", "planes", guess)
+    res = compute.ablation(
+        ctx.model, ctx.model_key, ctx.run.token_ids, steps, *request, batch_size=batch_size,
+        _progress=progress,
+    )  # fmt: skip
     c1, c2, c3 = st.columns(3)
     c1.metric("Effect of the token's plane", f"{res.effect:.4g}")
     c2.metric("Random planes", f"{res.control_mean:.4g} ± {res.control_std:.2g}")

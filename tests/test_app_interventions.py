@@ -76,3 +76,81 @@ def test_ablation_compares_the_plane_with_random_planes(app):
     assert_clean(app)
     assert [m.label for m in app.metric][1] == "Random planes"
     assert "ablate_hist" in charts(app)
+
+
+def captions(at: AppTest) -> list[str]:
+    return [c.value for c in at.caption]
+
+
+def plan_caption(at: AppTest, prefix: str) -> str:
+    shown = [c for c in captions(at) if c.startswith(prefix)]
+    assert len(shown) == 1, captions(at)
+    return shown[0]
+
+
+def batch_in(caption: str) -> int:
+    """The batch size an estimate caption names ("…, 7 per batch: ≈ …")."""
+    return int(caption.split(" per batch")[0].rsplit(" ", 1)[1])
+
+
+def recording(monkeypatch, name: str) -> list[dict]:
+    """Wrap workbench.<name> so that every call's keywords are kept (the call still runs)."""
+    import workbench
+
+    calls, original = [], getattr(workbench, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(workbench, name, wrapper)
+    return calls
+
+
+def test_heavy_patching_shows_its_estimate_and_waits_then_uses_the_plans_batch(app, monkeypatch):
+    from apps import cost
+
+    monkeypatch.setattr(cost, "HEAVY_SECONDS", 0.0)  # every estimate counts as heavy
+    calls = recording(monkeypatch, "patch_states")
+    app.radio(key="intervention_tool").set_value("Patching").run()
+    app.radio(key="patch_pair").set_value("Default pair")
+    app.radio(key="patch_direction").set_value("noising")  # not cached by the tests above
+    app.button[0].click().run()
+    assert_clean(app)
+    shown = plan_caption(app, "Patching: ")
+    assert "patches × up to 12 steps" in shown and " s " in shown
+    assert not calls and "patch_heatmap" not in charts(app)  # the estimate came first
+    app.button(key="patch_go").click().run()
+    assert_clean(app)
+    assert [c["batch_size"] for c in calls] == [batch_in(shown)]
+    assert "patch_heatmap" in charts(app)
+
+
+def test_ablation_defaults_scale_and_its_bar_follows_the_plans_batches(app, monkeypatch):
+    from apps import intervention_compute
+
+    calls = recording(monkeypatch, "ablate_subspace")
+    app.radio(key="intervention_tool").set_value("Ablation").run()
+    assert app.number_input(key="ablate_random").value in intervention_compute.RANDOM_PLANE_CHOICES
+    app.number_input(key="ablate_random").set_value(3)  # not cached by the test above
+    app.button[0].click().run()
+    assert_clean(app)
+    shown = plan_caption(app, "Ablation: ")
+    assert "3 random planes × 12 steps" in shown
+    assert [c["batch_size"] for c in calls] == [batch_in(shown)]
+    bar = calls[0]["progress"]
+    assert bar.updates >= 1 and bar.elapsed is not None  # drawn while it ran, then emptied
+
+
+def test_heavy_steering_waits_for_its_button(app, monkeypatch):
+    from apps import cost
+
+    monkeypatch.setattr(cost, "HEAVY_SECONDS", 0.0)
+    app.radio(key="intervention_tool").set_value("Steering").run()
+    app.number_input(key="steer_alpha").set_value(0.5).run()
+    assert_clean(app)
+    assert "14 forwards × 12 steps" in plan_caption(app, "Steering: ")
+    assert "KL(baseline ‖ steered)" not in [m.label for m in app.metric]
+    app.button(key="steer_go").click().run()
+    assert_clean(app)
+    assert "KL(baseline ‖ steered)" in [m.label for m in app.metric]
