@@ -217,3 +217,58 @@ def batch_size_for(seconds_per_item: float, most: int, target: float = BATCH_SEC
     if seconds_per_item <= 0:
         return most
     return int(min(most, max(1, target // seconds_per_item)))
+
+
+def checkpoint_series_flops(
+    config: RecurrentConfig,
+    tokens: int,
+    depths: tuple[int, ...],
+    num_steps: int,
+    seeds: int,
+    checkpoints: int,
+    texts: int = 1,
+) -> float:
+    """Per checkpoint and text: one loss forward at every depth, then a collection of `seeds`
+    runs at `num_steps` (the dynamics, spread and correlation); loading a checkpoint is extra."""
+    per_text = sum(forward_flops(config, tokens, d) for d in depths)
+    per_text += forward_flops(config, tokens, num_steps, seeds)
+    return checkpoints * texts * per_text
+
+
+def diffusion_passes(new_tokens: int, num_steps: int, inner: int, headway: int) -> int:
+    """Sampler steps when every position freezes after about `num_steps` core iterations: one
+    step per `headway` new positions, and the last ones need num_steps / inner steps more."""
+    return -(-new_tokens // headway) + -(-num_steps // inner)
+
+
+def diffusion_wave(
+    new_tokens: int, num_steps: int, inner: int, headway: int, max_wavefront: int = 128
+) -> int:
+    """Positions in the wave under the same assumption: `headway` join per step and each stays
+    about num_steps / inner steps (cut at `max_wavefront`, and at most the new tokens)."""
+    return min(max_wavefront, headway * -(-num_steps // inner), new_tokens)
+
+
+def diffusion_flops(
+    config: RecurrentConfig,
+    prompt_tokens: int,
+    new_tokens: int,
+    num_steps: int,
+    inner: int,
+    headway: int,
+    max_wavefront: int = 128,
+) -> float:
+    """The prompt's prefill, then per sampler step a pass of `inner` iterations over the wave's
+    `diffusion_wave` positions, attending to the whole context so far. An estimate: positions
+    that freeze later (a small exit_t) cost more passes."""
+    passes = diffusion_passes(new_tokens, num_steps, inner, headway)
+    wave = diffusion_wave(new_tokens, num_steps, inner, headway, max_wavefront)
+    layers = (
+        config.n_layers_in_prelude
+        + config.n_layers_in_coda
+        + inner * config.n_layers_in_recurrent_block
+    )
+    per_pass = forward_flops(config, wave, inner) - 2.0 * layers * wave * (wave + 1) * config.n_embd
+    context = prompt_tokens + new_tokens / 2  # keys a wave position attends to on average
+    attention = 4.0 * layers * config.n_embd * wave * context
+    return forward_flops(config, prompt_tokens, num_steps) + passes * (per_pass + attention)

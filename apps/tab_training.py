@@ -7,17 +7,35 @@ path-independence spread and token correlation of the prompt at each training st
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
+from recurrent_model.config import RecurrentConfig
 from workbench import figures
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.figures import stability as stability_figures
 
-from . import compute, stability_compute
+from . import compute, cost, stability_compute
 from .inputs import InputError, resolve_checkpoint
 from .ui import Context, chart, table_download
 
 DEFAULT_SERIES = "checkpoints/default/series"
+
+
+def series_estimate(ctx: Context, found: list[tuple[int, Path]]) -> tuple[cost.CostEstimate, str]:
+    """The estimated time of the checkpoint series on the current prompt, at this device's speed
+    in the app model's dtype, and what it counts (checkpoints × depths × texts, plus the seeds)."""
+    config = RecurrentConfig.from_json(found[0][1] / "config.json")
+    r = config.mean_recurrence
+    depths = tuple(sorted({1, 2, 4, r, 2 * r, 4 * r}))  # checkpoint_series' default depths
+    tokens, steps, seeds = len(ctx.run.token_ids), ctx.run.num_steps, len(ctx.run.seeds)
+    flops = cost.checkpoint_series_flops(config, tokens, depths, steps, seeds, len(found))
+    what = (
+        f"{len(found)} checkpoints × {len(depths)} depths (up to {max(depths)}) × 1 text, and "
+        f"{seeds} seed{'s' if seeds != 1 else ''} at {steps} steps each (loading not counted)"
+    )
+    return compute.estimate_flops(ctx.model, flops, rows=tokens), what
 
 
 def render(ctx: Context) -> None:
@@ -36,6 +54,8 @@ def render(ctx: Context) -> None:
     except FileNotFoundError as exc:
         raise InputError(f"{exc}. A run directory holds step-N checkpoints.") from exc
     st.write(f"{len(found)} checkpoints: steps {', '.join(str(s) for s, _ in found)}")
+    guess, what = series_estimate(ctx, found)
+    st.caption(f"{what}: {guess.describe()}")
     if not st.toggle("Analyse these checkpoints", key="series_go"):
         return
     prompt = ctx.model.tokenizer.decode(list(ctx.run.token_ids), skip_special_tokens=True)

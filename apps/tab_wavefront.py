@@ -8,9 +8,18 @@ import streamlit as st
 from recurrent_model.diffusion import FREEZE_STRATEGIES
 from workbench import figures
 
-from . import compute
+from . import compute, cost
 from .messages import shown_as_message
-from .ui import Context, chart, download
+from .ui import Context, chart, download, estimate_gate
+
+
+def wavefront_estimate(ctx: Context, new: int, inner: int, headway: int) -> cost.CostEstimate:
+    """The estimated time of one diffusion sampling (see cost.diffusion_flops), probed at the
+    speed of a matmul over the wave's positions."""
+    steps, tokens = ctx.run.num_steps, len(ctx.run.token_ids)
+    flops = cost.diffusion_flops(ctx.model.config, tokens, new, steps, inner, headway)
+    wave = cost.diffusion_wave(new, steps, inner, headway)
+    return compute.estimate_flops(ctx.model, flops, rows=wave)
 
 
 def render(ctx: Context) -> None:
@@ -37,6 +46,15 @@ def render(ctx: Context) -> None:
     new, inner, headway, exit_t, strategy = request
     if not 1 <= new <= room:
         st.error(f"New tokens must lie between 1 and {room} (the context left after the prompt).")
+        return
+    guess = wavefront_estimate(ctx, new, inner, headway)
+    passes = cost.diffusion_passes(new, ctx.run.num_steps, inner, headway)
+    what = (
+        f"Diffusion sampling: the prefill at {ctx.run.num_steps} steps, then about {passes} "
+        f"sampler passes × {inner} iterations (if each position freezes after about "
+        f"{ctx.run.num_steps} iterations)"
+    )
+    if not estimate_gate(what, guess, "wf_go", (ctx.key, request)):
         return
     with shown_as_message():
         out = compute.diffusion_run(ctx.model, ctx.model_key, tuple(ctx.run.token_ids), new,

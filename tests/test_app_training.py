@@ -29,6 +29,9 @@ def test_training_tab_analyses_every_checkpoint_of_a_run(tmp_path):
     at.text_input(key="series_dir").set_value(str(run))
     at.run()
     assert any("steps 10, 20" in m.value for m in at.markdown)
+    estimate = [c.value for c in at.caption if c.value.startswith("2 checkpoints × ")]
+    assert estimate and "depths" in estimate[0] and "2 seeds at 16 steps" in estimate[0]
+    assert " s " in estimate[0]  # the seconds, before the toggle starts anything
     assert not {c.key for c in at.get("plotly_chart")} & {"series_fig", "series_depth"}
     at.toggle(key="series_go").set_value(True)
     at.run()
