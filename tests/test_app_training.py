@@ -39,3 +39,14 @@ def test_training_tab_analyses_every_checkpoint_of_a_run(tmp_path):
     assert {"series_fig", "series_depth"} <= {c.key for c in at.get("plotly_chart")}
     table = at.dataframe[0].value
     assert sorted(table["step"].unique()) == [10, 20] and (table["loss"] > 0).all()
+
+
+def test_the_series_estimate_counts_checkpoints_depths_and_seeds():
+    from apps import cost
+
+    config = fallback_model(seed=0).config
+    t, depths = 9, (1, 2, 4)
+    per_text = sum(cost.forward_flops(config, t, d) for d in depths)
+    per_text += cost.forward_flops(config, t, 16, 2)  # the collection of two seeds at 16 steps
+    assert cost.checkpoint_series_flops(config, t, depths, 16, 2, 1) == per_text
+    assert cost.checkpoint_series_flops(config, t, depths, 16, 2, 3, texts=2) == 6 * per_text

@@ -47,3 +47,19 @@ def test_a_heavy_sampling_waits_for_its_estimate_button(monkeypatch):
     metrics = {m.label: m.value for m in at.metric}
     assert int(metrics["Sampler steps"]) >= 1
     assert at.get("download_button")[-1].proto.label == "Download wavefront.csv"
+
+
+def test_diffusion_cost_counts_the_prefill_and_the_sampler_passes():
+    from apps import cost
+    from recurrent_model.standin import fallback_model
+
+    config = fallback_model(seed=0).config
+    t, r = 10, 8
+    assert cost.diffusion_passes(5, r, 2, 1) == 5 + 4  # one per new token, then 8 / 2 to finish
+    assert cost.diffusion_passes(5, r, 3, 2) == 3 + 3  # ceilings of 5 / 2 and 8 / 3
+    assert cost.diffusion_wave(24, r, 2, 1) == 4 and cost.diffusion_wave(2, r, 2, 1) == 2
+    assert cost.diffusion_wave(500, 64, 1, 4, max_wavefront=128) == 128
+    prefill = cost.forward_flops(config, t, r)
+    one, two = (cost.diffusion_flops(config, t, n, r, 2, 1) - prefill for n in (8, 16))
+    assert 0 < one < two  # more new tokens: more passes over a longer context
+    assert cost.diffusion_flops(config, t, 8, r, 8, 1) < prefill + one  # fewer, wider passes
