@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ._style import log_axis
+
 
 def _require(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
@@ -94,14 +96,14 @@ def fixed_point_distance(
     distances: np.ndarray, title: str = "distance from the fixed point"
 ) -> go.Figure:
     """‖s_i − s*‖ / ‖s*‖ over the steps i of a trajectory (log scale)."""
-    distances = np.asarray(distances, dtype=float)
-    fig = go.Figure(go.Scatter(x=np.arange(len(distances)), y=np.maximum(distances, 1e-12),
+    distances = np.maximum(np.asarray(distances, dtype=float), 1e-12)
+    fig = go.Figure(go.Scatter(x=np.arange(len(distances)), y=distances,
                                mode="lines+markers", name="‖s_i − s*‖ / ‖s*‖"))  # fmt: skip
     fig.update_layout(
         title=title,
         height=340,
         xaxis_title="step i",
-        yaxis=dict(title="relative distance", type="log"),
+        yaxis=log_axis(distances, "relative distance"),
     )
     return fig
 
