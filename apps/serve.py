@@ -6,6 +6,7 @@ Shared by the browser end-to-end test and the app benchmark.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -84,6 +85,10 @@ TAB_ACTIONS = {
 }
 
 
+# apps.ui.estimate_gate's button: "Run (≈ 40 s (…))", shown when an estimate is over HEAVY_SECONDS
+HEAVY_RUN = re.compile(r"^Run \(")
+
+
 def wait_idle(page, timeout_ms: int = 300_000) -> None:
     """Wait until the script run the last interaction started has finished."""
     page.wait_for_timeout(700)  # the status widget appears a moment after the rerun starts
@@ -118,6 +123,10 @@ def screenshot_tabs(
         if action is not None and page.get_by_text(action, exact=True).count():
             page.get_by_text(action, exact=True).first.click()
             wait_idle(page)
+            approve = page.get_by_role("button", name=HEAVY_RUN)  # a heavy action's estimate
+            if approve.count():
+                approve.first.click()
+                wait_idle(page)
         errors = page.locator(EXCEPTION)
         if errors.count():
             raise RuntimeError(f"tab {title!r} shows an exception: {errors.all_inner_texts()}")

@@ -10,7 +10,7 @@ from workbench.dynamics import MIN_TAIL, DynamicsThresholds
 
 from . import compute
 from .inputs import MAX_STEPS
-from .ui import Context, chart, quoted_tokens, table_download
+from .ui import Context, chart, default_tokens, quoted_tokens, table_download
 
 SHOWN_KINDS = ("fixed_point", "converging", "orbit", "slider", "other")
 KIND_MEANINGS = (
@@ -82,8 +82,10 @@ def render(ctx: Context) -> None:
     )
     orbits = frame.index[frame["kind"] == "orbit"].tolist()
     position = ctx.token_picker(
-        "Token to inspect (or click a row)", "dyn_token", orbits[0] if orbits else 0
-    )
+        "Token to inspect (or click a row)",
+        "dyn_token",
+        orbits[0] if orbits else default_tokens(ctx.tokens, 1)[0],
+    )  # an orbit when there is one, else a digit (the paper's orbiting " 3") or the last token
     row = frame.loc[position]
     st.caption(
         f"{ctx.labels[position]}: {row['kind'].replace('_', ' ')}"
