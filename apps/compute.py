@@ -378,17 +378,24 @@ def series_signature(run_dir: Path) -> str:
 
 @st.cache_data(max_entries=4, show_spinner=False)
 def checkpoint_series(
-    run_dir: str, text: str, num_steps: int, seeds: tuple[int, ...], signature: str
+    run_dir: str,
+    text: str,
+    num_steps: int,
+    seeds: tuple[int, ...],
+    signature: str,
+    stability: bool = False,
 ) -> pd.DataFrame:
-    """`workbench.checkpoint_series` of one prompt, with a progress bar per checkpoint."""
+    """`workbench.checkpoint_series` of one prompt (with λ_1 and the share of stable tokens when
+    ``stability``), with a progress bar per checkpoint."""
     del signature  # part of the cache key only
-    bar = st.progress(0.0, text="Analysing the checkpoints …")
+    what = "λ_1 of every checkpoint" if stability else "Analysing the checkpoints"
+    bar = st.progress(0.0, text=f"{what} …")
 
     def progress(done: int, total: int) -> None:
-        bar.progress(done / total, text=f"Analysed {done} of {total} checkpoints")
+        bar.progress(done / total, text=f"{what}: {done} of {total} checkpoints")
 
     frame = workbench.checkpoint_series(
-        run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress
+        run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress, stability=stability
     )
     bar.empty()
     return frame

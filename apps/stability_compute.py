@@ -1,7 +1,7 @@
-"""Cached stability computations behind the Stability tab and the Training tab's λ_1 per checkpoint.
+"""Cached stability computations behind the Stability tab.
 
 Every analysis is a workbench call (``workbench.fixed_point_spectrum``, ``lyapunov``,
-``stretch_attribution``, ``checkpoint_series(stability=True)``); this module only estimates, caches and
+``stretch_attribution``); this module only estimates, caches and
 reports progress.
 """
 
@@ -90,21 +90,3 @@ def token_stability(_model, _traj, key: tuple, position: int, k: int, guess: str
         spectrum, exponents, lyap.running, lyap.warmup, attribution, distances,
         bool(spectrum.attrs.get("converged", True)), float(spectrum.attrs["residual"]),
     )  # fmt: skip
-
-
-@st.cache_data(max_entries=4, show_spinner=False)
-def series_stability(
-    run_dir: str, text: str, num_steps: int, seeds: tuple[int, ...], signature: str
-) -> pd.DataFrame:
-    """``workbench.checkpoint_series`` with λ_1 and the share of stable tokens, a bar per checkpoint."""
-    del signature  # part of the cache key only
-    bar = st.progress(0.0, text="λ_1 of every checkpoint …")
-
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / total, text=f"λ_1: analysed {done} of {total} checkpoints")
-
-    frame = workbench.checkpoint_series(
-        run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress, stability=True
-    )
-    bar.empty()
-    return frame

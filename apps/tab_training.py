@@ -16,7 +16,7 @@ from workbench import figures
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.figures import stability as stability_figures
 
-from . import compute, cost, stability_compute
+from . import compute, cost
 from .inputs import InputError, resolve_checkpoint
 from .ui import Context, chart, table_download
 
@@ -69,8 +69,8 @@ def render(ctx: Context) -> None:
     table_download(frame, "checkpoint_series")
     stability = "λ_1 and the share of stable tokens per checkpoint (slower)"
     if st.toggle(stability, key="series_stability"):
-        stable = stability_compute.series_stability(
+        stable = compute.checkpoint_series(
             str(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
-            compute.series_signature(run_dir),
+            compute.series_signature(run_dir), stability=True,
         )  # fmt: skip
         chart(stability_figures.stability_series_figure(stable), "series_stability_fig")
