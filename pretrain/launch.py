@@ -10,10 +10,13 @@ runs/cpu-small. ``--nproc N`` re-launches as N local ranks through torchrun; und
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -176,35 +179,52 @@ def print_plan(config, args: argparse.Namespace) -> int:
 
 def train(config, out: Path, resume: bool = False, max_steps: int | None = None) -> int:
     """Train in this process (one rank); returns an exit code."""
-    from pretrain.checkpoint_manager import CheckpointWriteError
-    from pretrain.data import DataError
     from pretrain.distributed import init_distributed, shutdown
-    from pretrain.startup_checks import StartupError
-    from pretrain.trainer import RunDirectoryError, Trainer
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
     try:
-        try:
-            trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
-        except (DataError, RunDirectoryError, StartupError) as exc:  # one line, not per rank
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        try:
-            summary = trainer.run()
-        except CheckpointWriteError as exc:  # every rank stops; rank 0 says why
-            if ctx.is_main:
-                print(f"error: {exc}", file=sys.stderr)
-            return 1
+        code, summary = run_trainer(config, out, ctx, resume, max_steps)
     finally:
+        # DDP's reducer holds the process group, and its destructor keeps the GIL while gloo's
+        # workers may still need it to free their last tensors: a hang at exit. The trainer goes
+        # first, so the group is destroyed by destroy_process_group, which lets go of the GIL.
+        gc.collect()
         shutdown()
-    if summary.get("nothing_to_train"):
-        return 0
+    if code or summary.get("nothing_to_train"):
+        return code
     if ctx.is_main:
         last = summary.pop("last", {})
         summary["loss"] = last.get("loss")
         summary.update({k: v for k, v in last.items() if k.startswith("val_loss_")})
         print(json.dumps(summary))
     return 0
+
+
+def run_trainer(
+    config, out: Path, ctx, resume: bool, max_steps: int | None
+) -> tuple[int, dict[str, Any]]:
+    """(exit code, summary) of one rank's training; nothing of the trainer outlives the call, even
+    when it raises (the traceback's frames are cleared), so ``train`` can destroy the group."""
+    from pretrain.checkpoint_manager import CheckpointWriteError
+    from pretrain.data import DataError
+    from pretrain.startup_checks import StartupError
+    from pretrain.trainer import RunDirectoryError, Trainer
+
+    try:
+        trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
+    except (DataError, RunDirectoryError, StartupError) as exc:  # one line, not per rank
+        print(f"error: {exc}", file=sys.stderr)
+        return 2, {}
+    try:
+        return 0, trainer.run()
+    except CheckpointWriteError as exc:  # every rank stops; rank 0 says why
+        if ctx.is_main:
+            print(f"error: {exc}", file=sys.stderr)
+        return 1, {}
+    except BaseException as exc:
+        del trainer
+        traceback.clear_frames(exc.__traceback__)
+        raise
 
 
 if __name__ == "__main__":

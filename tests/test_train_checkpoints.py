@@ -333,3 +333,41 @@ def test_pruning_keeps_the_newest_exported_checkpoint(tmp_path):
     (tmp_path / ck.LATEST).write_text("step-0000010\n")
     assert directory.prune() == [2, 6]
     assert directory.steps() == [4, 8, 10]
+
+
+@pytest.mark.parametrize("ending", ["returns", "write_fails", "raises"])
+def test_no_trainer_is_alive_when_the_process_group_goes(tiny, tmp_path, monkeypatch, ending):
+    """``train`` destroys the process group last: by then the trainer (and DDP's reducer, whose
+    destructor would hang gloo's exit) must be unreachable, however the run ended."""
+    import weakref
+
+    import pretrain.distributed as pd
+    import pretrain.trainer as tr
+    from pretrain.checkpoint_manager import CheckpointWriteError
+    from pretrain.config import load_config
+    from pretrain.launch import train
+
+    made: list[weakref.ref] = []
+    alive_at_shutdown: list[bool] = []
+
+    class EndingTrainer:
+        def __init__(self, *args, **kwargs) -> None:
+            made.append(weakref.ref(self))
+            self.cycle = self
+
+        def run(self) -> dict:
+            if ending == "write_fails":
+                raise CheckpointWriteError("checkpoint step 2 was not published (test)")
+            if ending == "raises":
+                raise RuntimeError("a step failed (test)")
+            return {"step": 2, "nothing_to_train": True}
+
+    monkeypatch.setattr(tr, "Trainer", EndingTrainer)
+    monkeypatch.setattr(pd, "shutdown", lambda: alive_at_shutdown.append(made[0]() is not None))
+    config = load_config(tiny[1], [])
+    if ending == "raises":
+        with pytest.raises(RuntimeError, match="a step failed"):
+            train(config, tmp_path / "run")
+    else:
+        assert train(config, tmp_path / "run") == (1 if ending == "write_fails" else 0)
+    assert alive_at_shutdown == [False]

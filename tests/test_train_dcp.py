@@ -117,6 +117,17 @@ if "RANK" in os.environ and os.environ.get("DCP_TEST_OUT"):
             f.write(f"{id(kwargs.get('async_stager'))} {type(kwargs.get('async_stager')).__name__}\n")
         return _async_save(*args, **kwargs)
     ck.dcp.async_save = _recording_async_save
+    # How many DistributedDataParallel modules are still alive when the process group goes.
+    import gc
+    import pretrain.distributed as pd
+    from torch.nn.parallel import DistributedDataParallel
+    _shutdown = pd.shutdown
+    def _counting_shutdown():
+        live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+        with open(os.path.join(os.environ["DCP_TEST_OUT"], "live_ddp" + os.environ["RANK"]), "w") as f:
+            f.write(str(live))
+        _shutdown()
+    pd.shutdown = _counting_shutdown
 """
 
 
@@ -228,6 +239,8 @@ def test_hsdp_two_nodes_of_two_trains_like_ddp(tiny):
         "distributed.shard_size=2",
         extra=common,
     )
+    # DDP's reducer must not outlive the group: its destructor would hang gloo's exit.
+    assert [(root / "ddp4" / f"live_ddp{r}").read_text() for r in range(4)] == ["0"] * 4
     ddp = load_file(root / "ddp4" / "end_params.safetensors")
     hsdp = load_file(root / "hsdp4" / "end_params.safetensors")
     assert ddp.keys() == hsdp.keys()
