@@ -14,8 +14,9 @@ Side by side in the same run (each when its prerequisites are there):
   ``transformers<4.58``) from a directory holding its ``recpre`` package (``--published-src``).
   Set-up used: ``python -m venv $TMPDIR/pubvenv`` with a .pth line pointing at this project's
   site-packages (for torch), ``$TMPDIR/pubvenv/bin/pip install "transformers<4.58"``, and
-  ``recpre/{__init__,raven_modeling_minimal,raven_config_minimal}.py`` taken from
-  github.com/seal-rg/recurrent-pretraining into ``--published-src``;
+  ``recpre/{raven_modeling_minimal,raven_config_minimal}.py`` taken from
+  github.com/seal-rg/recurrent-pretraining into ``--published-src`` beside an empty
+  ``recpre/__init__.py`` (the published one imports its training modules);
 - prefill of 4 × 256 tokens at r = 32: our cached chunk eager and compiled, the published forward,
   and torch.mm's FLOP/s on exactly the model's matmul shapes (the fraction of the machine reached),
   all four once per round for 2 × ``--repeats`` rounds;
