@@ -252,72 +252,143 @@ def patch_states(
     clean = as_token_ids(clean_ids, "clean_ids").to(model.device)
     corrupted = as_token_ids(corrupted_ids, "corrupted_ids").to(model.device)
     _check_inputs(clean, corrupted, direction, metric, batch_size)
-    num_steps = int(num_steps)
-    length = clean.shape[1]
-    chosen_steps = check_steps(steps, hook_steps(model, hook, num_steps), hook)
-    chosen_positions = _positions(positions, length)
-
+    chosen_steps = check_steps(steps, hook_steps(model, hook, int(num_steps)), hook)
     with torch.inference_mode():
-        init = run_init(model, length, init_scale, seed, 1)
-        # per-iteration hooks resume from the base run's core states: record those too
-        iterated = chosen_steps != [None]
-        names = sorted({hook, STATE}) if iterated else [hook]
-        out_clean, cache_clean = model.run_with_cache(
-            clean, num_steps=num_steps, names_filter=names, **init
+        plan = _plan(
+            model,
+            (clean, corrupted),
+            _Settings(
+                num_steps=int(num_steps),
+                hook=hook,
+                direction=direction,
+                init_scale=init_scale,
+                seed=seed,
+                reuse_prefix=reuse_prefix,
+                batch_size=int(batch_size),
+            ),
+            cells=[(p, s) for p in _positions(positions, clean.shape[1]) for s in chosen_steps],
+            answers=(metric, target, corrupted_target),
         )
-        out_corr, cache_corr = model.run_with_cache(
-            corrupted, num_steps=num_steps, names_filter=names, **init
-        )
-        target, corrupted_target = _answers(out_clean, out_corr, target, corrupted_target, metric)
-        answer = (metric, target, corrupted_target)
-        m_clean = float(_scores(out_clean.logits, *answer)[0][0])
-        m_corr = float(_scores(out_corr.logits, *answer)[0][0])
-        denoising = direction == "denoising"
-        base_ids, base_cache = (corrupted, cache_corr) if denoising else (clean, cache_clean)
-        source = (cache_clean if denoising else cache_corr)[hook]
-        cells = [(p, s) for p in chosen_positions for s in chosen_steps]
-        base_out = out_corr if denoising else out_clean
-        patched, logprob = (
-            np.repeat(v.cpu().numpy().astype(float), len(cells))
-            for v in _scores(base_out.logits, *answer)
-        )
-        todo = [i for i, cell in enumerate(cells) if _changes(cell, source, base_cache[hook], hook)]
-        resume = reuse_prefix and iterated
-        batches = _batches(cells, todo, int(batch_size), by_step=resume)
-        report, done = _reporter(progress, len(todo), should_stop), 0
-        for index in batches:
-            report(done)
-            chunk = [cells[i] for i in index]
-            ids = base_ids.expand(len(chunk), -1)
-            out = _run_patches(model, ids, chunk, source, base_cache, hook, num_steps, resume,
-                               dict(init_scale=init_scale, seed=seed))  # fmt: skip
-            values, lps = _scores(out.logits, *answer)
-            patched[index], logprob[index] = values.cpu().numpy(), lps.cpu().numpy()
-            done += len(index)
-        report(done)
-
+        patched, logprob = _run_plan(model, plan, _reporter(progress, plan.todo, should_stop))
     labels = token_labels(model, clean)
-    return _frame(cells, labels, patched, logprob, (m_clean, m_corr, float(min_gap)), answer)
+    unpatched = (plan.m_clean, plan.m_corrupted, float(min_gap))
+    return _frame(plan.cells, labels, patched, logprob, unpatched, plan.answer)
 
 
-def _run_patches(model, ids, chunk, source, base_cache, hook, num_steps, resume, init_args):
+@dataclass(frozen=True)
+class _Settings:
+    """How every patch of one `patch_states` call runs."""
+
+    num_steps: int
+    hook: str
+    direction: str
+    init_scale: float
+    seed: int
+    reuse_prefix: bool
+    batch_size: int
+
+
+@dataclass
+class _Plan:
+    """The two unpatched runs and the patches still to run: the base run (the one patched), the
+    source activations put into it, each cell's (position, step), the cells that change anything,
+    grouped in batches, and each cell's score, starting at the base run's own."""
+
+    settings: _Settings
+    base_ids: torch.Tensor
+    base_cache: dict
+    source: torch.Tensor
+    cells: list[tuple[int, int | None]]
+    batches: list[list[int]]
+    resume: bool
+    answer: tuple[str, int, int | None]
+    m_clean: float
+    m_corrupted: float
+    patched: np.ndarray
+    logprob: np.ndarray
+
+    @property
+    def todo(self) -> int:
+        return sum(len(b) for b in self.batches)
+
+
+def _plan(model, ids: tuple[torch.Tensor, torch.Tensor], settings: _Settings, cells, answers):
+    """Run the clean and corrupted prompts once with a cache and decide which patches to run."""
+    clean, corrupted = ids
+    hook, num_steps = settings.hook, settings.num_steps
+    init = run_init(model, clean.shape[1], settings.init_scale, settings.seed, 1)
+    # per-iteration hooks resume from the base run's core states: record those too
+    iterated = any(step is not None for _, step in cells)
+    names = sorted({hook, STATE}) if iterated else [hook]
+    runs = [
+        model.run_with_cache(x, num_steps=num_steps, names_filter=names, **init)
+        for x in (clean, corrupted)
+    ]
+    (out_clean, cache_clean), (out_corr, cache_corr) = runs
+    metric, target, corrupted_target = answers
+    target, corrupted_target = _answers(out_clean, out_corr, target, corrupted_target, metric)
+    answer = (metric, target, corrupted_target)
+    denoising = settings.direction == "denoising"
+    base_ids, base_out, base_cache = (
+        (corrupted, out_corr, cache_corr) if denoising else (clean, out_clean, cache_clean)
+    )
+    source = (cache_clean if denoising else cache_corr)[hook]
+    patched, logprob = (
+        np.repeat(v.cpu().numpy().astype(float), len(cells))
+        for v in _scores(base_out.logits, *answer)
+    )
+    todo = [i for i, cell in enumerate(cells) if _changes(cell, source, base_cache[hook], hook)]
+    resume = settings.reuse_prefix and iterated
+    return _Plan(
+        settings,
+        base_ids,
+        base_cache,
+        source,
+        cells,
+        _batches(cells, todo, settings.batch_size, by_step=resume),
+        resume,
+        answer,
+        m_clean=float(_scores(out_clean.logits, *answer)[0][0]),
+        m_corrupted=float(_scores(out_corr.logits, *answer)[0][0]),
+        patched=patched,
+        logprob=logprob,
+    )
+
+
+def _run_plan(model, plan: _Plan, report: Callable[[int], None]):
+    """Every batch of the plan's patches, scored: (patched m, target log-probability) per cell."""
+    patched, logprob, done = plan.patched.copy(), plan.logprob.copy(), 0
+    for index in plan.batches:
+        report(done)
+        chunk = [plan.cells[i] for i in index]
+        out = _run_patches(model, plan.base_ids.expand(len(chunk), -1), chunk, plan)
+        values, lps = _scores(out.logits, *plan.answer)
+        patched[index], logprob[index] = values.cpu().numpy(), lps.cpu().numpy()
+        done += len(index)
+    report(done)
+    return patched, logprob
+
+
+def _run_patches(model, ids, chunk, plan: _Plan):
     """The forward of one batch of patches (batch row b carries the patch of cell ``chunk[b]``)."""
-    length = ids.shape[1]
-    base_acts, base_states = base_cache[hook], base_cache.get(STATE)
-    if resume and hook == STATE:
+    length, settings, source = ids.shape[1], plan.settings, plan.source
+    hook, num_steps = settings.hook, settings.num_steps
+    base_acts, base_states = plan.base_cache[hook], plan.base_cache.get(STATE)
+    if plan.resume and hook == STATE:
         # s_i determines everything after step i: resume from the base run's patched s_i
         step = chunk[0][1]
         mask = _cell_masks(chunk, length, source.device)[step]
         state = torch.where(mask, source[step][0], base_acts[step][0])
         return model(ids, num_steps=num_steps - step, init_state=state)
-    if resume:  # iteration `step` becomes the resumed run's first, from the base run's s_{step−1}
+    if plan.resume:
+        # iteration `step` becomes the resumed run's first, from the base run's s_{step−1}
         step = chunk[0][1]
         fn = _patch_hook([(p, 1) for p, _ in chunk], source[step - 1 :], hook, length)
         state = base_states[step - 1].expand(len(chunk), -1, -1)
         with model.hooks([(hook, fn)]):
             return model(ids, num_steps=num_steps - step + 1, init_state=state)
     fn = _patch_hook(chunk, source, hook, length)
-    init = run_init(model, length, init_args["init_scale"], init_args["seed"], len(chunk))
+    init = run_init(model, length, settings.init_scale, settings.seed, len(chunk))
     with model.hooks([(hook, fn)]):
         return model(ids, num_steps=num_steps, **init)
 
