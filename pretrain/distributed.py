@@ -381,16 +381,21 @@ def preflight_all_reduce(ctx: DistContext, max_bytes: int = 128 * 1024 * 1024) -
         n = min(2 * n, buffer.numel())
 
 
-def relaunch_with_torchrun(nproc: int, argv: list[str]) -> int:
-    """Re-run this launcher as ``nproc`` local ranks through torchrun (torch.distributed.run)."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
+def relaunch_with_torchrun(nproc: int, argv: list[str], module: str | None = None) -> int:
+    """Re-run as ``nproc`` local ranks through torchrun (torch.distributed.run): this launcher
+    (pretrain/launch.py) by default, or ``python -m module`` (e.g. the corpus engine)."""
+    target = (
+        ["-m", module]
+        if module
+        else [os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")]
+    )
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc}",
-        script,
+        *target,
         *argv,
     ]
     env = dict(os.environ)
