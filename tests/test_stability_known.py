@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from scipy.optimize import brentq
 
 import workbench
+import workbench.lyapunov
 from workbench.explain_dynamics import classify_eigenvalue
+from workbench.lyapunov import token_exponent_table, token_exponents
 
 H = 10
 
@@ -160,3 +163,90 @@ def test_bad_input_is_a_clear_error(affine):
         workbench.fixed_point(f)
     with pytest.raises(ValueError, match="unknown method"):
         workbench.fixed_point(f, state=one_row[0], method="bisection")
+
+
+def skewed_rotation(theta: float, rest: float, seed: int = 2) -> torch.Tensor:
+    """A rotation by θ in a skewed (non-orthogonal) plane of R^H, ``rest`` × identity elsewhere."""
+    rng = np.random.default_rng(seed)
+    p = rng.standard_normal((H, H))
+    d = rest * np.eye(H)
+    d[:2, :2] = [[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]]
+    return torch.tensor(p @ d @ np.linalg.inv(p))
+
+
+def test_pure_rotation_is_neutral_with_its_error():
+    a = skewed_rotation(1.0, 0.5)  # an angle of 1 radian never closes: an invariant circle
+    frame = workbench.lyapunov_spectrum(
+        lambda x: x @ a.T, None, 200, k=3, state=torch.ones(H, dtype=torch.float64)
+    )
+    assert list(frame.columns) == ["index", "exponent", "stderr", "neutral"]
+    assert (frame["stderr"] >= 0).all() and frame["exponent"].is_monotonic_decreasing
+    assert list(frame["neutral"]) == [True, True, False]
+    assert np.allclose(frame["exponent"].iloc[:2], 0.0, atol=0.02)
+    assert frame["exponent"].iloc[2] == pytest.approx(np.log(0.5), abs=1e-6)
+    assert frame.attrs["warmup"] == 100 and frame.attrs["averaged_steps"] == 100
+
+
+def test_contraction_is_not_neutral():
+    rate = 0.6
+    shrink = lambda x: rate * x  # noqa: E731
+    frame = workbench.lyapunov_spectrum(
+        shrink, None, 40, k=3, state=torch.ones(H, dtype=torch.float64)
+    )
+    assert np.allclose(frame["exponent"], np.log(rate), atol=1e-9)
+    assert np.all(frame["stderr"] < 1e-9) and not frame["neutral"].any()
+
+
+def test_two_cycle_around_an_unstable_fixed_point():
+    gains = torch.linspace(1.5, 2.4, H, dtype=torch.float64)
+    flip = lambda x: -gains * torch.tanh(x)  # noqa: E731  (0 is a flip: eigenvalues −gains)
+    cycle = np.array([brentq(lambda x, g=g: x - g * np.tanh(x), 0.1, 10.0) for g in gains.numpy()])
+    expected = np.sort(np.log(gains.numpy() / np.cosh(cycle) ** 2))[::-1]  # per-step multipliers
+    frame = workbench.lyapunov_spectrum(
+        flip, None, 120, k=4, state=torch.full((H,), 0.3, dtype=torch.float64)
+    )
+    assert np.allclose(frame["exponent"], expected[:4], atol=1e-6)
+    assert (frame["exponent"] < 0).all() and not frame["neutral"].any()
+    spectrum = workbench.fixed_point_spectrum(flip, state=torch.zeros(1, H, dtype=torch.float64),
+                                              position=0, k=1)  # fmt: skip
+    assert classify_eigenvalue(complex(spectrum["real"].iloc[0], 0)) == "flip"
+
+
+def circle_map(mu: float = 0.3, omega: float = 1.0, rest: float = 0.5):
+    """An attracting invariant circle r = 1 in the first plane (angle advancing by ω), ``rest`` elsewhere."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        z = torch.complex(x[..., 0], x[..., 1])
+        r2 = z.real**2 + z.imag**2
+        z = z * complex(np.cos(omega), np.sin(omega)) * (1 + mu) / (1 + mu * r2)
+        return torch.cat([z.real[..., None], z.imag[..., None], rest * x[..., 2:]], dim=-1)
+
+    return f
+
+
+def test_invariant_circle_neutral_and_the_short_average_biased():
+    mu = 0.3
+    f = circle_map(mu)
+    start = torch.full((H,), 0.05, dtype=torch.float64)  # far inside the circle: a long transient
+    frame = workbench.lyapunov_spectrum(f, None, 200, k=2, state=start)
+    assert list(frame["neutral"]) == [True, False]
+    assert frame["exponent"].iloc[1] == pytest.approx(np.log((1 - mu) / (1 + mu)), abs=0.01)
+    run = workbench.lyapunov.lyapunov_run(f, None, 32, k=1, warmup=0, state=start)
+    check = workbench.lyapunov.convergence_check(run.stretches, 16)
+    short, long_ = check["exponent"]
+    assert short > 0.05 and abs(long_) < short  # the transient reads as a stretch at 16 steps
+    assert list(check["steps"]) == [16, 32]
+
+
+def test_token_exponent_table_has_errors():
+    rot2 = torch.tensor([[np.cos(1.0), -np.sin(1.0)], [np.sin(1.0), np.cos(1.0)]])
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # row 0 rotates, row 1 contracts (no coupling)
+        return torch.stack([x[0] @ rot2.T, 0.6 * x[1]])
+
+    table = token_exponent_table(rows, torch.ones(2, 2, dtype=torch.float64), 60)
+    assert list(table.columns) == ["position", "exponent", "stderr", "neutral"]
+    assert list(table["neutral"]) == [True, False]
+    assert table["exponent"].iloc[1] == pytest.approx(np.log(0.6))
+    assert np.allclose(token_exponents(rows, torch.ones(2, 2, dtype=torch.float64), 60),
+                       table["exponent"])  # fmt: skip
