@@ -7,7 +7,8 @@ attached to it receive ``(tensor, hook)`` and may return a tensor that replaces 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,52 @@ def name_matcher(names_filter: object) -> Callable[[str], bool]:
     raise HookError(
         f"names_filter must be a hook name, a list of names or a predicate, got {names_filter!r}"
     )
+
+
+def closest_names(name: str, names: Sequence[str], n: int = 3) -> list[str]:
+    """Up to ``n`` hook names most like ``name`` (a typo's likely intent), best first."""
+    found = difflib.get_close_matches(name, list(names), n=n, cutoff=0.0)
+    return found or list(names)[:n]
+
+
+def unknown_hook(name: str, names: Sequence[str]) -> HookError:
+    """The one-line error for a hook name that does not exist, naming the closest ones."""
+    near = ", ".join(repr(c) for c in closest_names(name, names))
+    return HookError(
+        f"no hook named {name!r}; closest: {near} (model.hook_names() lists all {len(names)})"
+    )
+
+
+def unmatched_predicate(predicate: object, names: Sequence[str]) -> HookError:
+    """The one-line error for a predicate that accepts no hook name: a named function's closest
+    names, or the model's top-level hook names for a lambda."""
+    label = getattr(predicate, "__name__", None) or repr(predicate)
+    if label == "<lambda>":
+        shown = [n for n in names if n.count(".") <= 1][:3]
+    else:
+        shown = closest_names(label, names)
+    return HookError(
+        f"the hook predicate {label} matches no hook point; closest names: "
+        f"{', '.join(repr(c) for c in shown)} (model.hook_names() lists all {len(names)})"
+    )
+
+
+def check_filter(names_filter: object, names: Sequence[str]) -> None:
+    """Raise a HookError when ``names_filter`` names a hook that does not exist or matches none."""
+    if names_filter is None:
+        return
+    if isinstance(names_filter, str):
+        names_filter = [names_filter]
+    if isinstance(names_filter, list | tuple | set | frozenset):
+        for name in names_filter:
+            if name not in names:
+                raise unknown_hook(str(name), names)
+        if not names_filter:
+            raise HookError("names_filter is empty: it matches no hook point (None records all)")
+        return
+    matcher = name_matcher(names_filter)
+    if not any(matcher(n) for n in names):
+        raise unmatched_predicate(names_filter, names)
 
 
 class ActivationCache(dict):

@@ -25,7 +25,16 @@ from .config import ContextLengthError, RecurrentConfig
 from .depth import split_depth
 from .diffusion import DiffusionOutput, generate_diffusion
 from .generation import GenerationOutput, generate
-from .hooks import ActivationCache, HookError, HookFn, HookPoint, name_matcher
+from .hooks import (
+    ActivationCache,
+    HookError,
+    HookFn,
+    HookPoint,
+    check_filter,
+    name_matcher,
+    unknown_hook,
+    unmatched_predicate,
+)
 from .layers import RMSNorm, SandwichBlock, rope_table
 from .saving import save_pretrained
 from .stack import CacheSlots, LayerCache, LayerStack, StackHooks, run_module
@@ -322,16 +331,17 @@ class RecurrentLM(nn.Module):
         try:
             return self._hook_points[name]
         except KeyError:
-            raise HookError(
-                f"no hook named {name!r}; model.hook_names() lists the {len(self._hook_points)} "
-                "available ones"
-            ) from None
+            raise unknown_hook(str(name), list(self._hook_points)) from None
 
     def _resolve(self, name_or_predicate: str | Callable[[str], bool]) -> list[HookPoint]:
+        """The hook points a name or predicate selects; selecting none is a HookError."""
         if isinstance(name_or_predicate, str):
             return [self.hook_point(name_or_predicate)]
         if callable(name_or_predicate):
-            return [p for n, p in self._hook_points.items() if name_or_predicate(n)]
+            points = [p for n, p in self._hook_points.items() if name_or_predicate(n)]
+            if not points:
+                raise unmatched_predicate(name_or_predicate, list(self._hook_points))
+            return points
         raise HookError(f"a hook is named by a string or a predicate, got {name_or_predicate!r}")
 
     @contextmanager
@@ -376,6 +386,7 @@ class RecurrentLM(nn.Module):
         recordings of big runs.
         """
         steps = self.config.mean_recurrence if num_steps is None else int(num_steps)
+        check_filter(names_filter, list(self._hook_points))
         wanted = name_matcher(names_filter)
         cache = ActivationCache()
 

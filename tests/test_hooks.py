@@ -130,3 +130,23 @@ def test_bad_hook_name_and_bad_replacement_are_clear_errors(model, ids):
     with pytest.raises(rm.HookError, match="shape"):
         with model.hooks([(hook_names.E, lambda x, hook: x[:, :1])]):
             model(ids, num_steps=1)
+
+
+def test_a_filter_that_matches_nothing_is_an_error_naming_the_closest_hooks(model, ids):
+    with pytest.raises(rm.HookError, match="closest: 'core.hook_state'"):
+        with model.hooks([("core.hook_stat", lambda x, hook: None)]):
+            pass
+    with pytest.raises(rm.HookError, match="matches no hook point; closest names: 'hook_embed'"):
+        with model.hooks([(lambda n: n.startswith("core.7."), lambda x, hook: None)]):
+            pass
+    assert not model.has_hooks()
+
+    def core_attn_output(name: str) -> bool:
+        return name == "core.0.attn_out"
+
+    with pytest.raises(rm.HookError, match="core_attn_output matches no hook point.*'core.0."):
+        model.run_with_cache(ids, 1, names_filter=core_attn_output)
+    with pytest.raises(rm.HookError, match="no hook named 'core.hook_latent'; closest:"):
+        model.run_with_cache(ids, 1, names_filter=[hook_names.STATE, "core.hook_latent"])
+    with pytest.raises(rm.HookError, match="empty"):
+        model.run_with_cache(ids, 1, names_filter=[])
