@@ -97,8 +97,8 @@ class TrainSection:
 
 @dataclass
 class DistributedSection:
-    """How ranks share the work: ddp, fsdp (FSDP2 fully_shard), hsdp (FSDP2 sharded within a node,
-    replicated across nodes) or bucketed (the recipe's all-reduce with ZeRO-1 sharded moments)."""
+    """How ranks share the work: a strategy of pretrain/strategy.py's registry (ddp, bucketed,
+    fsdp, hsdp) and its settings."""
 
     strategy: str = "ddp"
     bucket_mb: float = 64.0
@@ -142,7 +142,6 @@ SECTIONS: dict[str, type] = {
     "distributed": DistributedSection,
     "cluster": ClusterSection,
 }
-STRATEGIES = ("ddp", "fsdp", "hsdp", "bucketed")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
@@ -184,10 +183,12 @@ class TrainConfig:
         return config
 
     def validate(self) -> None:
+        from pretrain.strategy import strategy_names  # it imports distributed, which imports us
+
         t, d = self.train, self.distributed
-        if d.strategy not in STRATEGIES:
+        if d.strategy not in strategy_names():
             raise TrainConfigError(
-                f"distributed.strategy={d.strategy!r}; choose from {', '.join(STRATEGIES)}"
+                f"distributed.strategy={d.strategy!r}; choose from {', '.join(strategy_names())}"
             )
         if t.precision not in PRECISIONS:
             raise TrainConfigError(

@@ -1,18 +1,12 @@
-"""torch.distributed set-up: ranks from torchrun or SLURM, gloo on CPU / nccl (RCCL) on GPU, and the
-four ways to share the work, all on torch's own engines, and the model built for them (meta device,
-shard, then initialise: ``build_model``):
+"""torch.distributed set-up: ranks from torchrun or SLURM, gloo on CPU / nccl (RCCL) on GPU, the
+engines the strategies of pretrain/strategy.py call (FSDP2 sharding and meshes, the recipe's bucketed
+all-reduce, ZeRO-1), and the model built for a strategy (meta device, shard, then initialise:
+``build_model``).
 
-    ddp       DistributedDataParallel: every rank holds everything (weights, gradients, Adam moments).
-    fsdp      FSDP2 ``fully_shard`` per block and the root over one mesh of all ranks; weights
-              gathered and gradients reduced in float32, matrix products in bf16 under autocast
-              (pretrain/precision.py says why). The core blocks stay gathered from their first
-              forward in a step until the optimizer step (``reshard_core``), so the r + k iterations
-              cost one all-gather each instead of r + k.
-    hsdp      FSDP2 on a 2-D DeviceMesh (replicate, shard): sharded within a node, replicated across
-              nodes, so the per-iteration traffic stays on the node's fast links.
-    bucketed  the recipe's 64 MiB float32 all-reduce of gradients, with the Adam moments sharded over
-              the ranks (ZeRO-1 through ``ZeroRedundancyOptimizer``: each rank updates its own
-              parameters, then broadcasts them).
+FSDP2 gathers weights and reduces gradients in float32, with matrix products in bf16 under autocast
+(pretrain/precision.py says why). The core blocks stay gathered from their first forward in a step
+until the optimizer step (``reshard_core``), so the r + k iterations cost one all-gather each instead
+of r + k.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,8 +29,10 @@ from recurrent_model import RecurrentConfig, RecurrentLM
 from .precision import Precision
 from .slurm import set_torch_env_from_slurm, under_slurm
 
+if TYPE_CHECKING:
+    from .strategy import Strategy
+
 BUCKET_BYTES = 64 * 1024 * 1024
-STRATEGIES = ("ddp", "fsdp", "hsdp", "bucketed")
 
 
 @dataclass
@@ -143,19 +139,27 @@ def ranks_per_node(ctx: DistContext, configured: int = 0) -> int:
     return size
 
 
-def data_parallel_mesh(ctx: DistContext, strategy: str, shard_size: int = 0) -> Any:
-    """The DeviceMesh FSDP2 shards over: 1-D over all ranks (fsdp), or 2-D (replicate, shard) with
-    one shard group per node (hsdp)."""
+def flat_mesh(ctx: DistContext) -> Any:
+    """A 1-D DeviceMesh over all ranks (fsdp)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if strategy == "hsdp":
-        size = ranks_per_node(ctx, shard_size)
-        return init_device_mesh(
-            ctx.device.type,
-            (ctx.world_size // size, size),
-            mesh_dim_names=("replicate", "shard"),
-        )
     return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("shard",))
+
+
+def node_mesh(ctx: DistContext, size: int) -> Any:
+    """A 2-D DeviceMesh (replicate, shard) with shard groups of ``size`` ranks (hsdp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        ctx.device.type, (ctx.world_size // size, size), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def data_parallel_mesh(ctx: DistContext, strategy: str, shard_size: int = 0) -> Any:
+    """The DeviceMesh an FSDP2 strategy (``fsdp``, ``hsdp``) shards over."""
+    from .strategy import get_strategy
+
+    return get_strategy(strategy, shard_size=shard_size).mesh(ctx)  # type: ignore[attr-defined]
 
 
 def shard_model(model: RecurrentLM, mesh: Any, precision: Precision) -> None:
@@ -176,44 +180,35 @@ def shard_model(model: RecurrentLM, mesh: Any, precision: Precision) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
-    """What the training step calls: DDP around the model, or the model itself (fsdp / hsdp are
-    sharded in place by ``shard_model``; bucketed and one rank train the plain model)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown distributed strategy {strategy!r}")
-    if ctx.distributed and strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
-    return model
-
-
 def build_model(
     config: RecurrentConfig,
     ctx: DistContext,
     precision: Precision,
-    strategy: str,
+    strategy: str | Strategy,
     seed: int,
     shard_size: int = 0,
     activation_checkpointing: bool = False,
     compile_blocks: bool = False,
 ) -> tuple[RecurrentLM, nn.Module]:
-    """The model and what the step calls (DDP's wrapper, or the model): built on the meta device,
-    sharded (fsdp / hsdp), materialised on this rank's device, then initialised shard by shard with
-    the weights a full ``reset_parameters(generator=Generator().manual_seed(seed))`` gives. No rank
-    ever holds the whole model on the host: the initialiser fills one full-size host tensor at a
-    time and keeps the slice this rank owns."""
+    """The model and what the step calls (``strategy.wrap``: DDP's wrapper, or the model): built on
+    the meta device, sharded by the strategy, materialised on this rank's device, then initialised
+    shard by shard with the weights a full ``reset_parameters(generator=Generator().manual_seed(seed))``
+    gives. No rank ever holds the whole model on the host: the initialiser fills one full-size host
+    tensor at a time and keeps the slice this rank owns. A strategy named by a string gets
+    ``shard_size``."""
+    if isinstance(strategy, str):
+        from .strategy import get_strategy
+
+        strategy = get_strategy(strategy, shard_size=shard_size)
     with torch.device("meta"):
         model = RecurrentLM(config, init_weights=False)
     model.activation_checkpointing = activation_checkpointing
     if compile_blocks:
         model.compile_blocks()
-    if ctx.distributed and strategy in ("fsdp", "hsdp"):
-        shard_model(model, data_parallel_mesh(ctx, strategy, shard_size), precision)
+    strategy.shard(model, ctx, precision)
     materialise(model, ctx.device)
     init_parameters(model, seed)
-    return model, wrap_model(model, strategy, ctx)
+    return model, strategy.wrap(model, ctx)
 
 
 def materialise(model: RecurrentLM, device: torch.device) -> None:

@@ -41,10 +41,16 @@ import torch
 
 from pretrain.config import TrainConfig
 from pretrain.precision import Precision, resolve_precision
+from pretrain.strategy import (
+    Strategy,
+    StrategyError,
+    from_config,
+    get_strategy,
+    strategy_names,
+)
 from recurrent_model import RecurrentConfig, RecurrentLM
 
 GIB = 2**30
-STRATEGY_ORDER = ("ddp", "bucketed", "fsdp", "hsdp")
 ALLOCATOR_FRACTION = 0.10
 CONTEXT_BYTES = 1 * GIB
 
@@ -270,21 +276,13 @@ class MemoryPlan:
 def shard_counts(
     strategy: str, nodes: int, gpus_per_node: int, shard_size: int = 0
 ) -> tuple[int, int]:
-    """(ranks sharing the weights and gradients, ranks sharing the optimizer state); hsdp shards
-    over ``shard_size`` ranks (0: one node), as distributed.shard_size does."""
-    world = nodes * gpus_per_node
-    if strategy == "ddp":
-        return 1, 1
-    if strategy == "bucketed":
-        return 1, world
-    if strategy == "fsdp":
-        return world, world
-    if strategy == "hsdp":
-        size = shard_size or gpus_per_node
-        if world % size:
-            raise PlanError(f"hsdp shard groups of {size} ranks do not divide {world} ranks")
-        return size, size
-    raise PlanError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_ORDER)}")
+    """(ranks sharing the weights and gradients, ranks sharing the optimizer state) of a registered
+    strategy (``Strategy.shard_counts``); hsdp shards over ``shard_size`` ranks (0: one node), as
+    distributed.shard_size does."""
+    try:
+        return get_strategy(strategy, shard_size=shard_size).shard_counts(nodes, gpus_per_node)
+    except StrategyError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def plan_precision(config: TrainConfig, device: Device) -> Precision:
@@ -296,7 +294,7 @@ def plan_precision(config: TrainConfig, device: Device) -> Precision:
 class _Layout:
     """What every row of one plan reads: the strategy on the ranks, and the precision."""
 
-    strategy: str
+    strategy: Strategy
     world: int
     shard: int  # ranks sharing weights and gradients
     opt_shard: int  # ranks sharing the Adam moments
@@ -306,19 +304,14 @@ class _Layout:
     @property
     def fsdp_applied(self) -> bool:
         """FSDP2 is applied with more than one rank (one rank trains the plain model)."""
-        return self.strategy in ("fsdp", "hsdp") and self.world > 1
+        return self.strategy.shards_model and self.world > 1
 
 
 def _state_rows(layout: _Layout) -> list[Row]:
     """float32 weights, gradients and Adam moments, divided as the strategy shards them."""
     P, shard, opt_shard = layout.counts.total, layout.shard, layout.opt_shard
     sharded_note = f"/ {shard} ranks" if shard > 1 else "replicated"
-    optimizer_bytes = -(-8 * P // opt_shard)
-    optimizer_note = f"/ {opt_shard} ranks" if opt_shard > 1 else "replicated"
-    if layout.strategy == "bucketed" and opt_shard > 1:
-        # ZeroRedundancyOptimizer gives each rank whole tensors: one rank holds the largest one.
-        optimizer_bytes = max(optimizer_bytes, 8 * layout.counts.largest_tensor)
-        optimizer_note = f"ZeRO-1 over {opt_shard} ranks, whole tensors: at least the largest"
+    optimizer_bytes, optimizer_note = layout.strategy.optimizer_bytes(layout.counts, opt_shard)
     return [
         Row("weights (fp32)", -(-4 * P // shard), sharded_note),
         Row("gradients (fp32)", -(-4 * P // shard), sharded_note),
@@ -388,17 +381,10 @@ def _activation_rows(config: TrainConfig, layout: _Layout) -> tuple[list[Row], R
 
 
 def _communication_rows(config: TrainConfig, layout: _Layout) -> list[Row]:
-    """DDP's reducer buckets, the recipe's bucket (and ZeRO-1's gather), or FSDP's buffers."""
-    P, counts = layout.counts.total, layout.counts
-    bucket = int(config.distributed.bucket_mb * 2**20)
-    if layout.world == 1:
-        return []
-    if layout.strategy == "ddp":
-        return [Row("communication buffers", 4 * P, "DDP reducer buckets: a copy of all grads")]
-    if layout.strategy == "bucketed":
-        return [Row("communication buffers", 2 * bucket, "grad all-reduce + weight gather")]
-    comm = 4 * counts.core + 4 * max(counts.largest_block, counts.root)
-    return [Row("communication buffers", comm, "unsharded core grads + fp32 reduce-scatter")]
+    """The strategy's buffers (``Strategy.communication``): DDP's reducer buckets, the recipe's
+    bucket (and ZeRO-1's gather), or FSDP's buffers; none on one rank."""
+    buffers = layout.strategy.communication(layout.counts) if layout.world > 1 else None
+    return [Row("communication buffers", *buffers)] if buffers else []
 
 
 def plan_memory(
@@ -410,13 +396,16 @@ def plan_memory(
     counts: ParameterCounts | None = None,
 ) -> MemoryPlan:
     """The per-device memory of one training step of ``config`` (see the module docstring)."""
-    strategy = strategy or config.distributed.strategy
     if nodes < 1 or gpus_per_node < 1:
         raise PlanError(f"nodes and GPUs per node must be >= 1, got {nodes} x {gpus_per_node}")
+    try:
+        chosen = from_config(config.distributed, strategy)
+        shard, opt_shard = chosen.shard_counts(nodes, gpus_per_node)
+    except StrategyError as exc:
+        raise PlanError(str(exc)) from None
     counts = counts or count_parameters(config.model_config())
-    shard, opt_shard = shard_counts(strategy, nodes, gpus_per_node, config.distributed.shard_size)
     layout = _Layout(
-        strategy,
+        chosen,
         nodes * gpus_per_node,
         shard,
         opt_shard,
@@ -433,7 +422,7 @@ def plan_memory(
     if device.accelerator:
         margin = int(ALLOCATOR_FRACTION * sum(r.bytes for r in rows)) + CONTEXT_BYTES
         rows.append(Row("allocator margin", margin, "10% + 1 GiB context/workspace"))
-    return MemoryPlan(strategy, device, nodes, gpus_per_node, counts.total, rows, [aside])
+    return MemoryPlan(chosen.name, device, nodes, gpus_per_node, counts.total, rows, [aside])
 
 
 def plan_all(
@@ -441,7 +430,9 @@ def plan_all(
 ) -> dict[str, MemoryPlan]:
     """The plan of every strategy (one parameter count)."""
     counts = count_parameters(config.model_config())
-    return {s: plan_memory(config, device, nodes, gpus_per_node, s, counts) for s in STRATEGY_ORDER}
+    return {
+        s: plan_memory(config, device, nodes, gpus_per_node, s, counts) for s in strategy_names()
+    }
 
 
 def gib(n: float) -> str:

@@ -33,12 +33,9 @@ from .checkpointing import (
 from .config import TrainConfig
 from .distributed import (
     DistContext,
-    bucketed_all_reduce,
     build_model,
     local_optimizer,
     preflight_all_reduce,
-    reshard_core,
-    sharded_optimizer,
 )
 from .metrics import (
     MetricsLogger,
@@ -55,6 +52,7 @@ from .optimizer import ClippedAtanAdam, clip_grads_, global_grad_norm, parameter
 from .precision import resolve_precision
 from .schedule import Schedule
 from .startup_checks import check_fused_attention
+from .strategy import from_config
 
 MAX_SKIPPED_IN_A_ROW = 20
 HEALTH_HOOKS = (hook_names.STATE, hook_names.E, hook_names.LATENT, hook_names.FINAL_NORM)
@@ -183,27 +181,22 @@ class Trainer:
                     f"preflight: {len(times)} all-reduces up to {cfg.distributed.preflight_mb} "
                     f"MiB in {sum(times):.2f} s"
                 )
-        strategy = cfg.distributed.strategy
+        self.strategy = from_config(cfg.distributed)
         self.model, self.wrapped = build_model(
             model_cfg,
             self.ctx,
             self.precision,
-            strategy,
+            self.strategy,
             seed=t.seed,
-            shard_size=cfg.distributed.shard_size,
             activation_checkpointing=t.activation_checkpointing,
             compile_blocks=t.compile,
         )
         self.model.tokenizer = HuginnTokenizer.from_file(self.prepared.tokenizer_path)
-        self.sharded = self.ctx.distributed and strategy in ("fsdp", "hsdp")
         self.params = list(dict.fromkeys(self.model.parameters()))  # FSDP swaps in DTensors
         self.names = parameter_names(self.model)
         groups = parameter_groups(self.model, t.weight_decay)
         hyper = dict(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
-        if self.ctx.distributed and strategy == "bucketed":  # ZeRO-1: moments sharded over ranks
-            self.optimizer = sharded_optimizer(groups, ClippedAtanAdam, **hyper)
-        else:
-            self.optimizer = ClippedAtanAdam(groups, **hyper)
+        self.optimizer = self.strategy.build_optimizer(groups, self.ctx, ClippedAtanAdam, **hyper)
 
     def _build_loader(self) -> None:
         from pretrain.data import PackedLoader
@@ -319,19 +312,6 @@ class Trainer:
     def autocast(self) -> contextlib.AbstractContextManager:
         return self.precision.autocast()
 
-    def _sync_context(self, last: bool) -> contextlib.AbstractContextManager:
-        """Skip the gradient sync on all but the last micro-batch of an accumulation."""
-        strategy = self.config.distributed.strategy
-        if not self.ctx.distributed or last:
-            if self.sharded:
-                self.model.set_requires_gradient_sync(True)  # type: ignore[operator]
-            return contextlib.nullcontext()
-        if strategy == "ddp":
-            return self.wrapped.no_sync()  # type: ignore[operator]
-        if self.sharded:
-            self.model.set_requires_gradient_sync(False)  # type: ignore[operator]
-        return contextlib.nullcontext()
-
     def train_step(self) -> dict[str, Any]:
         """Forward/backward over grad_accum micro-batches at the lock-step depth, then one update."""
         t = self.train_cfg
@@ -344,7 +324,9 @@ class Trainer:
         for micro in range(t.grad_accum):
             inputs, labels = next(self.loader_iter)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            with self._sync_context(micro == t.grad_accum - 1), self.autocast():
+            last = micro == t.grad_accum - 1
+            sync = self.strategy.sync_context(self.model, self.wrapped, self.ctx, last)
+            with sync, self.autocast():
                 out = self.wrapped(
                     inputs,
                     num_steps=depth.total,
@@ -355,14 +337,7 @@ class Trainer:
                 loss = out.loss / t.grad_accum
             loss.backward()
             total_loss += loss.detach()
-        if self.sharded:  # the core blocks stayed gathered through the whole recurrence
-            reshard_core(self.model)
-        if self.ctx.distributed and self.config.distributed.strategy == "bucketed":
-            bucketed_all_reduce(
-                self.params,
-                self.ctx.world_size,
-                int(self.config.distributed.bucket_mb * 1024 * 1024),
-            )
+        self.strategy.after_backward(self.model, self.params, self.ctx)
         grad_norm = global_grad_norm(self.params)
         lr = self.schedule.apply(self.optimizer, self.step)
         skipped = not math.isfinite(grad_norm)
@@ -483,7 +458,7 @@ class Trainer:
             "skipped": self.skipped,
             "tokens": self.tokens,
             "world_size": self.ctx.world_size,
-            "strategy": self.config.distributed.strategy,
+            "strategy": self.strategy.name,
             "schedule": asdict(self.schedule),
             "config": self.config.to_dict(),
             "corpus_hash": self.prepared.corpus_hash,
