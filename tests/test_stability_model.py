@@ -140,3 +140,20 @@ def test_bad_input_is_a_clear_error(model, ids):
         workbench.lyapunov_spectrum(model, ids, 4, state=bad)
     stuck = workbench.fixed_point(model, ids, max_iter=2, plain_baseline=False)
     assert stuck.converged is False and stuck.iterations == 2
+
+
+DOCSTRING = (
+    "random_sample        Alias for `random_sample`\n"
+    "randint              Uniformly distributed integers in a given range\n"
+)
+
+
+def test_the_docstring_source_token_is_a_neutral_rotation(model):
+    ids = model.tokenizer.encode(DOCSTRING)[:7]  # causal: the first 7 tokens move as in the whole
+    frame = workbench.explain_dynamics(model, ids, 128, k=4).set_index("position")
+    source = frame.loc[5]
+    assert source["mechanism"] == "rotation" and source["neutral"]
+    assert abs(source["lambda_1"]) <= 2 * source["lambda_1_stderr"]
+    assert "invariant circle" in source["note"] and "±" in source["note"]
+    assert frame.loc[6, "mechanism"] == "driven" and np.isnan(frame.loc[6, "lambda_1"])
+    print(source["note"])

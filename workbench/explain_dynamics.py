@@ -11,6 +11,11 @@ its Jacobian block there are read (Arnoldi). The classifier's verdict is then ma
 A token whose fixed point is stable, or that has none within ``max_iter`` passes, is said to be so: its
 orbit is then not born from that point (another attractor, or a long transient). A moving token with a
 stable block after an unstable token is "driven": causal attention passes the earlier motion on.
+
+A source token (flip, rotation, slider, unstable) also gets its block's λ_1 along the trajectory with
+its standard error. A rotation whose λ_1 is within its error of 0 is *neutral*: the state turns on an
+invariant circle, which neither attracts nor repels along itself; the note says so, with the complex
+pair's modulus. An attracting cycle (a flip's 2-cycle, a period-locked rotation) has λ_1 < 0.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from .collect import collect, token_strings
 from .core_map import CoreMap, as_batch
 from .dynamics import classify_dynamics
 from .fixed_point import solve
+from .lyapunov import benettin
 from .spectrum import leading_eigenvalues
 
 #: |λ − 1| below this makes an eigenvalue "near +1" (a slider's).
@@ -116,7 +122,9 @@ def explain_dynamics(
     ``residual``, ``fixed_point_passes``, ``distance_from_final`` (‖s* − s_r‖/‖s_r‖), ``stable``
     (NaN without a fixed point), ``spectral_radius``, ``mechanism`` (flip, rotation, slider, unstable,
     stable, driven: stable itself but after an unstable token, or "no fixed point"), ``eig_real``, ``eig_imag``, ``eig_modulus``, ``eig_angle``,
-    ``predicted_period`` (2π/|angle| for a complex eigenvalue) and ``note``, a sentence.
+    ``predicted_period`` (2π/|angle| for a complex eigenvalue), ``note``, a sentence, and for source
+    tokens (flip, rotation, slider, unstable) ``lambda_1``, ``lambda_1_stderr`` and ``neutral`` (the
+    block's λ_1 over the same s_0 … s_num_steps, the last half averaged; NaN for the others).
     """
     ids = as_batch(input_ids)
     if ids.shape[0] != 1:
@@ -128,13 +136,42 @@ def explain_dynamics(
     core = CoreMap.from_model(model, ids)
     context = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0, -1])).to(core.dtype)
     labels = token_strings(model, ids[0].tolist())
+    start = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0, 0])).to(core.dtype)
     rows = []
     for position, verdict in verdicts.iterrows():
         if verdict["kind"] not in kinds:
             continue
         info = explain_token(core, context, int(position), k, tol, max_iter)
-        rows.append(_row(int(position), labels[int(position)], verdict, info))
+        row = _row(int(position), labels[int(position)], verdict, info)
+        if row["mechanism"] in UNSTABLE:
+            row.update(source_exponent(core, start, int(position), steps, seed))
+            row["note"] = exponent_note(row)
+        rows.append(row)
     return mark_driven(pd.DataFrame(rows, columns=COLUMNS))
+
+
+def source_exponent(
+    core: CoreMap, start: torch.Tensor, position: int, num_steps: int, seed: int
+) -> dict[str, object]:
+    """The token block's λ_1 from ``start`` over ``num_steps`` (the last half averaged), its error."""
+    run = benettin(core, start, num_steps, 1, position, None, seed)
+    return {"lambda_1": float(run.exponents[0]), "lambda_1_stderr": float(run.stderr_or_nan[0]),
+            "neutral": bool(run.neutral[0])}  # fmt: skip
+
+
+def exponent_note(row: dict[str, object]) -> str:
+    """The note of a source token, with its λ_1 and error: a neutral rotation is an invariant circle."""
+    lam, err = float(row["lambda_1"]), float(row["lambda_1_stderr"])  # type: ignore[arg-type]
+    measured = f"λ_1 = {lam:+.4f} ± {err:.4f}"
+    if row["mechanism"] == "rotation" and row["neutral"]:
+        return (
+            f"rotation on an invariant circle ({measured}, neutral): the complex pair "
+            f"|λ| = {float(row['eig_modulus']):.3f} sits by the unit circle; "  # type: ignore[arg-type]
+            f"predicted period {float(row['predicted_period']):.2f} vs measured "  # type: ignore[arg-type]
+            f"{float(row['measured_period']):.2f}"  # type: ignore[arg-type]
+        )
+    kind = "neutral" if row["neutral"] else ("an attracting cycle" if lam < 0 else "expanding")
+    return f"{row['note']} ({measured}: {kind})"
 
 
 def mark_driven(frame: pd.DataFrame) -> pd.DataFrame:
@@ -162,7 +199,8 @@ def mark_driven(frame: pd.DataFrame) -> pd.DataFrame:
 COLUMNS = [
     "position", "token", "kind", "flip", "measured_period", "fixed_point_found", "residual",
     "fixed_point_passes", "distance_from_final", "stable", "spectral_radius", "mechanism",
-    "eig_real", "eig_imag", "eig_modulus", "eig_angle", "predicted_period", "note",
+    "eig_real", "eig_imag", "eig_modulus", "eig_angle", "predicted_period", "note", "lambda_1",
+    "lambda_1_stderr", "neutral",
 ]  # fmt: skip
 
 
