@@ -39,6 +39,8 @@ def test_checkpoint_series_adds_lambda_1_only_when_asked():
     plain = workbench.checkpoint_series(SERIES, ["def add(a, b):"], **kwargs)
     assert "lambda_1_mean" not in plain.columns
     frame = workbench.checkpoint_series(SERIES, ["def add(a, b):"], stability=True, **kwargs)
-    assert {"lambda_1_mean", "lambda_1_max", "share_stable"} <= set(frame.columns)
+    assert {"lambda_1_mean", "lambda_1_max", "share_stable", "share_neutral",
+            "lambda_1_max_stderr"} <= set(frame.columns)  # fmt: skip
+    assert frame["lambda_1_max_stderr"].iloc[0] > 0 and 0 <= frame["share_neutral"].iloc[0] <= 1
     assert np.isfinite(frame["lambda_1_max"]).all() and 0 <= frame["share_stable"].iloc[0] <= 1
     assert frame["lambda_1_mean"].iloc[0] <= frame["lambda_1_max"].iloc[0]

@@ -28,7 +28,7 @@ import recurrent_model as rm
 from .collect import collect
 from .core_map import CoreMap, initial_state
 from .dynamics import KINDS, classify_dynamics
-from .lyapunov import token_exponents
+from .lyapunov import token_exponent_table
 from .path_independence import path_independence
 from .token_correlation import token_correlation
 
@@ -88,7 +88,8 @@ def checkpoint_metrics(
     """Loss by depth, and the dynamics/spread/correlation summary at ``num_steps``, for one model.
 
     ``stability`` adds ``lambda_1_mean``/``lambda_1_max`` (every token's block λ_1 along its
-    trajectory from the first seed's s_0) and ``share_stable`` (the share with λ_1 < 0).
+    trajectory from the first seed's s_0), ``lambda_1_max_stderr`` (the largest one's error),
+    ``share_stable`` (the share with λ_1 < 0) and ``share_neutral`` (λ_1 within its error of 0).
     """
     tokenizer = model.tokenizer
     if tokenizer is None:
@@ -102,7 +103,7 @@ def checkpoint_metrics(
         if stability:
             core = CoreMap.from_model(model, ids)
             start = initial_state(model, core, 1.0, seeds[0])
-            exponents.append(token_exponents(core, start, num_steps))
+            exponents.append(token_exponent_table(core, start, num_steps))
         states = collect(model, ids, num_steps, seeds=seeds, progress=False).states
         kinds.append(classify_dynamics(states[0])["kind"])
         final = path_independence(states)
@@ -113,10 +114,17 @@ def checkpoint_metrics(
     summary["spread"] = float(np.mean(spreads))
     summary["token_correlation"] = float(np.mean(correlations))
     if stability:
-        lambdas = np.concatenate(exponents)
-        summary.update(lambda_1_mean=float(lambdas.mean()), lambda_1_max=float(lambdas.max()),
-                       share_stable=float((lambdas < 0).mean()))  # fmt: skip
+        summary.update(exponent_summary(pd.concat(exponents, ignore_index=True)))
     return losses, summary
+
+
+def exponent_summary(table: pd.DataFrame) -> dict[str, float]:
+    """λ_1 mean, max (with its error), and the stable and neutral shares of a token exponent table."""
+    lambdas, top = table["exponent"].to_numpy(), int(table["exponent"].to_numpy().argmax())
+    return {"lambda_1_mean": float(lambdas.mean()), "lambda_1_max": float(lambdas[top]),
+            "lambda_1_max_stderr": float(table["stderr"].iloc[top]),
+            "share_stable": float((lambdas < 0).mean()),
+            "share_neutral": float(table["neutral"].mean())}  # fmt: skip
 
 
 def checkpoint_series(

@@ -309,13 +309,13 @@ def token_exponent_table(
 ) -> pd.DataFrame:
     """Every token's block λ_1 with its error: ``position``, ``exponent``, ``stderr``, ``neutral``.
 
-    ``attrs["warmup"]`` is the discarded transient and ``attrs["stretches"]`` the per-step stretches
-    (num_steps, T), from which :func:`convergence_check` reads a longer run.
+    ``attrs["warmup"]`` is the discarded transient; :func:`token_stretches` gives the per-step
+    stretches, from which :func:`convergence_check` compares the estimate at half the steps.
     """
     num_steps, warmup = check_steps(num_steps, warmup)
     stretches = token_stretches(map_, start, num_steps, seed)
     mean, err = estimate(stretches, warmup)
     frame = pd.DataFrame({"position": np.arange(len(mean)), "exponent": mean, "stderr": err,
                           "neutral": is_neutral(mean, err)})  # fmt: skip
-    frame.attrs.update(warmup=warmup, averaged_steps=num_steps - warmup, stretches=stretches)
+    frame.attrs.update(warmup=warmup, averaged_steps=num_steps - warmup)
     return frame
