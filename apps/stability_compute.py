@@ -16,7 +16,7 @@ import torch
 
 import workbench
 from recurrent_model.threads import threads_for
-from workbench.lyapunov import lyapunov_run
+from workbench.lyapunov import lyapunov_run, spectrum_frame
 from workbench.stretch_attribution import stretch_attribution
 
 from . import compute, cost
@@ -84,7 +84,7 @@ def token_stability(_model, _traj, key: tuple, position: int, k: int, guess: str
         )
     point = torch.from_numpy(spectrum.attrs["state"]).to(raw.dtype)
     distances = ((raw[:, position] - point).norm(dim=-1) / point.norm()).double().numpy()
-    exponents = pd.DataFrame({"index": np.arange(1, k + 1), "exponent": lyap.exponents})
+    exponents = spectrum_frame(lyap)
     bar.empty()
     return TokenStability(
         spectrum, exponents, lyap.running, lyap.warmup, attribution, distances,

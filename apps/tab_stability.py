@@ -56,7 +56,9 @@ def render(ctx: Context) -> None:
 
 def _summary(ctx: Context, position: int, result: stability_compute.TokenStability) -> None:
     rho = float(result.spectrum["modulus"].iloc[0])
-    lam = float(result.exponents["exponent"].iloc[0])
+    first = result.exponents.iloc[0]
+    lam, err = float(first["exponent"]), float(first["stderr"])
+    neutral = " (neutral: within its error of 0)" if bool(first["neutral"]) else ""
     if not result.converged:
         st.warning(
             f"No fixed point found for {ctx.labels[position]} (residual {result.residual:.1e}): "
@@ -65,6 +67,7 @@ def _summary(ctx: Context, position: int, result: stability_compute.TokenStabili
     verdict = "no fixed point" if not result.converged else ("stable" if rho < 1 else "unstable")
     st.write(
         f"{ctx.labels[position]}: {verdict} (largest |λ| = {rho:.4f}, residual "
-        f"{result.residual:.1e}); λ_1 = {lam:.4f} per iteration; the last state is "
+        f"{result.residual:.1e}); λ_1 = {lam:.4f} ± {err:.4f} per iteration{neutral}, averaged "
+        f"after the first {result.warmup} steps; the last state is "
         f"{result.distances[-1]:.2e} of ‖s*‖ from it."
     )

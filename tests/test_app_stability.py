@@ -29,7 +29,7 @@ def test_stability_tab_estimates_then_shows_the_token_analysis():
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert FIGURES <= {c.key for c in at.get("plotly_chart")}
-    assert any("λ_1 =" in m.value for m in at.markdown)
+    assert any("λ_1 =" in m.value and " ± " in m.value for m in at.markdown)  # with its error
 
 
 def test_training_tab_shows_lambda_1_per_checkpoint_on_request(tmp_path):

@@ -54,10 +54,17 @@ def eigenvalue_plane(
 
 
 def lyapunov_bars(spectrum: pd.DataFrame, title: str = "Lyapunov exponents") -> go.Figure:
-    """``lyapunov_spectrum``'s exponents as bars (red: positive, blue: negative) with the zero line."""
+    """``lyapunov_spectrum``'s exponents as bars (red: positive, blue: negative, grey: neutral, within
+    its error of 0) with the zero line and, when the frame has ``stderr``, two-error bars."""
     _require(spectrum, ("index", "exponent"), "lyapunov_bars")
     colors = np.where(spectrum["exponent"] > 0, "crimson", "royalblue")
+    if "neutral" in spectrum:
+        colors = np.where(spectrum["neutral"].astype(bool), "grey", colors)
+    errors = None
+    if "stderr" in spectrum:
+        errors = dict(type="data", array=2 * spectrum["stderr"].to_numpy(), visible=True)
     fig = go.Figure(go.Bar(x=spectrum["index"], y=spectrum["exponent"], marker_color=colors,
+                           error_y=errors,
                            hovertemplate="λ_%{x} = %{y:.4f}<extra></extra>"))  # fmt: skip
     fig.add_hline(y=0, line_color="black", line_width=1)
     fig.update_layout(title=title, height=360, xaxis=dict(title="index", dtick=1),
