@@ -11,7 +11,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cost import ModelCost
 
 
 class ConfigError(ValueError):
@@ -126,6 +129,13 @@ class RecurrentConfig:
     @property
     def out_proj_std(self) -> float:
         return self.init_std / math.sqrt(2.0 * self.effective_depth)
+
+    @property
+    def cost(self) -> ModelCost:
+        """Parameters, FLOPs per token and decode bytes of this shape (recurrent_model/cost.py)."""
+        from .cost import ModelCost
+
+        return ModelCost(self)
 
     def shape_summary(self) -> str:
         return (
