@@ -24,7 +24,38 @@ from .sampling import ExitCriterion, Sampler
 if TYPE_CHECKING:
     from .model import RecurrentLM
 
-__all__ = ["GenerationConfig", "GenerationOutput", "Streamer", "generate"]
+__all__ = ["CompileConflict", "GenerationConfig", "GenerationOutput", "Streamer", "generate"]
+
+
+class CompileConflict(TypeError, ValueError):
+    """``compile=True`` with something the compiled fixed-depth decode cannot run (no silent eager)."""
+
+
+def compile_conflicts(
+    exit_criterion: str | None, draft_steps: int | None, hooks: list[str] | None = None
+) -> list[str]:
+    """What ``compile=True`` cannot honour: an exit criterion, drafts, attached hooks (by name)."""
+    found = []
+    if exit_criterion is not None:
+        found.append(f"exit_criterion={exit_criterion!r}")
+    if draft_steps is not None:
+        found.append(f"draft_steps={draft_steps}")
+    if hooks:
+        found.append(f"hooks on {', '.join(hooks[:3])}{' …' if len(hooks) > 3 else ''}")
+    return found
+
+
+def check_compile(cfg: GenerationConfig, model: RecurrentLM) -> None:
+    """Refuse ``compile=True`` with an option it would otherwise drop by decoding eagerly."""
+    if not cfg.compile:
+        return
+    hooked = [n for n in model.hook_names() if model.hook_point(n).fns]
+    found = compile_conflicts(cfg.exit_criterion, cfg.draft_steps, hooked)
+    if found:
+        raise CompileConflict(
+            f"compile=True decodes at a fixed depth without hooks and cannot honour "
+            f"{'; '.join(found)}: drop compile or those options"
+        )
 
 
 @dataclass(frozen=True)
@@ -40,8 +71,9 @@ class GenerationConfig:
     ``cache_budget`` = core-layer KV slots per token (None = full). ``continuous_compute`` starts
     each token from the previous token's ln_f(s_r). ``draft_steps`` + ``lookahead`` enable
     self-speculative decoding. ``output_scores`` keeps every token's logits. ``compile`` runs
-    fixed-depth decoding (no exit criterion, no drafts, no hooks) through torch.compile'd
-    static-shape prefill and decode steps; other modes run eagerly.
+    fixed-depth decoding through torch.compile'd static-shape prefill and decode steps; with an
+    exit criterion, drafts or attached hooks it raises :class:`CompileConflict` (a TypeError and
+    a ValueError) naming them, as the CLI refuses ``--compile`` with ``--exit`` or ``--draft-steps``.
     """
 
     num_steps: int | None = None
@@ -104,6 +136,7 @@ class GenerationConfig:
             raise ValueError(f"init_scale must be >= 0, got {self.init_scale}")
         if self.cache_budget is not None:
             check_int("cache_budget", self.cache_budget, 1)
+        check_compile(self, model)
         return dataclasses.replace(
             self, num_steps=steps, min_steps=low, max_steps=high, lookahead=lookahead or 0,
             continuous_compute=bool(self.continuous_compute), init_scale=float(self.init_scale),

@@ -199,6 +199,18 @@ def test_bad_arguments(model, kwargs, message):
         generate(model, prompt(1, 3), 2, **kwargs)
 
 
+def test_compile_refuses_what_it_cannot_run_instead_of_decoding_eagerly(model):
+    from recurrent_model.generation import CompileConflict
+
+    with pytest.raises(CompileConflict, match="cannot honour exit_criterion='kl'"):
+        generate(model, prompt(1, 3), 2, exit_criterion="kl", compile=True)
+    with pytest.raises(TypeError, match="draft_steps=1"):  # outside checks retry without compile
+        generate(model, prompt(1, 3), 2, draft_steps=1, compile=True)
+    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
+        with pytest.raises(ValueError, match="hooks on core.hook_state"):
+            generate(model, prompt(1, 3), 2, compile=True)
+
+
 def test_context_errors(model):
     with pytest.raises(rm.ContextLengthError, match="prompt has 129 tokens"):
         generate(model, prompt(1, 129), 1)
