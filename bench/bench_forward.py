@@ -2,7 +2,7 @@
 
 Everything is measured side by side in one process:
 1. float32 forward at h=256 and h=512, T=256, r=32: the forward's FLOP/s (linear layers + causal
-   attention) as a fraction of the FLOP/s torch.mm reaches on exactly the model's matmul shapes.
+   attention) as a fraction of the FLOP/s F.linear reaches on exactly the model's matmul shapes.
    The same after ``model.compile_blocks()`` (inductor fuses the elementwise work).
 2. run_with_cache recording only core.hook_state vs a plain forward (h=256, T=256, r=32).
 3. Peak training memory (forward + backward) at r̄=32 vs r̄=8 with k=8, each in a fresh subprocess.
@@ -43,32 +43,26 @@ def bench_config(h: int) -> rm.RecurrentConfig:
 def matmul_shapes(
     cfg: rm.RecurrentConfig, tokens: int, steps: int
 ) -> list[tuple[int, int, int, int]]:
-    """(m, k, n, count) for every matmul of one forward (the model's linear layers)."""
-    h, inner = cfg.n_embd, cfg.intermediate_size
-    per_layer = [(tokens, h, 3 * h), (tokens, h, h), (tokens, h, 2 * inner), (tokens, inner, h)]
-    layers = (
-        cfg.n_layers_in_prelude + cfg.n_layers_in_coda + cfg.n_layers_in_recurrent_block * steps
-    )
-    shapes = [(m, k, n, layers) for m, k, n in per_layer]
-    shapes.append((tokens, 2 * h, h, steps))  # adapter
-    shapes.append((tokens, h, cfg.vocab_size, 1))  # head
+    """(m, k, n, count) for every matmul of one forward (the model's linear layers, from
+    ``cfg.cost``: each block projection once per layer call, the adapter per step, the head)."""
+    calls = cfg.cost.layer_calls(steps)
+    shapes = [(tokens, k, n, calls) for n, k in cfg.cost.block_shapes().values()]
+    shapes.append((tokens, *reversed(cfg.cost.weight_shapes()["adapter"]), steps))
+    shapes.append((tokens, *reversed(cfg.cost.weight_shapes()["head"]), 1))
     return shapes
 
 
 def attention_flops(cfg: rm.RecurrentConfig, tokens: int, steps: int) -> float:
-    layers = (
-        cfg.n_layers_in_prelude + cfg.n_layers_in_coda + cfg.n_layers_in_recurrent_block * steps
-    )
-    return layers * 2 * 2 * tokens * tokens * cfg.n_embd / 2  # QKᵀ and AV, causal half
+    """Causal QKᵀ and AV of every layer call (``cfg.cost``)."""
+    return cfg.cost.attention_flops(tokens, steps)
 
 
 def matmul_time(shapes, repeats: int) -> tuple[float, float]:
-    """Seconds torch.mm needs for these shapes, and the FLOPs they are."""
+    """Seconds F.linear (the model's product) needs for these shapes, and the FLOPs they are."""
     total, flops = 0.0, 0.0
     for m, k, n, count in shapes:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        out = torch.empty(m, n)
-        t = best_time(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats * 3)
+        a, w = torch.randn(m, k), torch.randn(n, k)
+        t = best_time(lambda a=a, w=w: torch.nn.functional.linear(a, w), repeats * 3)
         total += t * count
         flops += 2 * m * k * n * count
     return total, flops

@@ -7,13 +7,12 @@ import json
 import os
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from recurrent_model import Depth, RecurrentConfig, diagnostics
+from recurrent_model import Depth, RecurrentConfig, diagnostics, speed
 
 # Dense bf16 peak FLOP/s per device (one GCD for MI250X), by a substring of the device name.
 PEAK_FLOPS_BF16: dict[str, float] = {
@@ -33,39 +32,19 @@ PEAK_FLOPS_BF16: dict[str, float] = {
 
 
 def flops_per_token(config: RecurrentConfig, depth: Depth, seq_len: int) -> float:
-    """Model FLOPs of one training token at the sampled depth (no recompute counted).
-
-    Forward: 2 FLOPs per matmul weight per token, plus 4·T·h per attention layer (QKᵀ and AV).
-    Backward: twice the forward of the parts that carry gradient: prelude, the last ``depth.grad``
-    core iterations (adapter + core blocks), coda and head.
-    """
-    h, inter, T = config.n_embd, config.intermediate_size, seq_len
-    block = 2 * (4 * h * h + 3 * inter * h) + 4 * T * h
-    iteration = 2 * (2 * h * h) + config.n_layers_in_recurrent_block * block
-    outer = (config.n_layers_in_prelude + config.n_layers_in_coda) * block
-    head = 2 * config.vocab_size * h
-    forward = outer + depth.total * iteration + head
-    backward = 2 * (outer + depth.grad * iteration + head)
-    return float(forward + backward)
+    """Model FLOPs of one training token at the sampled depth (no recompute counted): the forward
+    at ``depth.total`` iterations and twice the forward of the parts that carry gradient
+    (``RecurrentConfig.cost.train_flops_per_token``, causal attention)."""
+    return config.cost.train_flops_per_token(seq_len, depth.total, depth.grad)
 
 
-def measure_cpu_matmul_flops(size: int = 1024, seconds: float = 0.5, trials: int = 3) -> float:
-    """The CPU's float32 matmul throughput with torch's current thread count (FLOP/s): the best
-    of a few timed trials of size × size matmuls, so a busy moment does not understate it."""
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    torch.mm(a, b)
-    best = 0.0
-    for _ in range(trials):
-        reps, start = 0, time.perf_counter()
-        while True:
-            torch.mm(a, b)
-            reps += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds / trials and reps >= 2:
-                break
-        best = max(best, 2 * size**3 * reps / elapsed)
-    return best
+def measure_cpu_matmul_flops(
+    size: int = 1024, seconds: float = 0.5, dtype: torch.dtype = torch.float32
+) -> float:
+    """The CPU's ``F.linear`` throughput on ``size`` rows of a size × size weight in ``dtype``
+    with torch's current thread count (FLOP/s, recurrent_model.speed.measure)."""
+    weight = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(dtype)
+    return speed.measure([weight], size, budget_s=seconds).flops_per_second
 
 
 def peak_flops(device: torch.device, precision_bf16: bool) -> tuple[float | None, str]:
@@ -79,7 +58,9 @@ def peak_flops(device: torch.device, precision_bf16: bool) -> tuple[float | None
                 peak = PEAK_FLOPS_BF16[key]
                 return (peak if precision_bf16 else peak / 2), f"table:{key}"
         return None, f"unknown device {name!r} (set PRETRAIN_PEAK_FLOPS)"
-    return measure_cpu_matmul_flops(), "measured CPU float32 matmul"
+    dtype = torch.bfloat16 if precision_bf16 else torch.float32
+    name = str(dtype).removeprefix("torch.")
+    return measure_cpu_matmul_flops(dtype=dtype), f"measured CPU {name} F.linear"
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """The per-device memory plan of a training config: will one step fit, and with which strategy?
 
 Pure arithmetic on the config (no accelerator, no process group): the parameter counts come from the
-model built on the ``meta`` device, everything else from the shapes. ``python pretrain/launch.py
+cost model (``RecurrentConfig.cost``), everything else from the shapes. ``python pretrain/launch.py
 --config C --plan`` prints the table; this module has no I/O of its own.
 
 What is counted (bytes per device; P = parameters, n = tokens of one micro-batch = b·T):
@@ -37,8 +37,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import torch
-
 from pretrain.config import TrainConfig
 from pretrain.precision import Precision, resolve_precision
 from pretrain.strategy import (
@@ -48,7 +46,7 @@ from pretrain.strategy import (
     get_strategy,
     strategy_names,
 )
-from recurrent_model import RecurrentConfig, RecurrentLM
+from recurrent_model import RecurrentConfig
 
 GIB = 2**30
 ALLOCATOR_FRACTION = 0.10
@@ -135,24 +133,21 @@ class ParameterCounts:
         return max((*self.prelude_blocks, *self.core_blocks, *self.coda_blocks), default=0)
 
 
-def _numel(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in dict.fromkeys(module.parameters()))
-
-
 def count_parameters(config: RecurrentConfig) -> ParameterCounts:
-    """Exact counts from the model built on the meta device (no memory, no initialisation)."""
-    with torch.device("meta"):
-        model = RecurrentLM(config, init_weights=False)
-    t = model.transformer
-    total = _numel(model)
-    blocks = (
-        tuple(_numel(b) for b in t.prelude),
-        tuple(_numel(b) for b in t.core_block),
-        tuple(_numel(b) for b in t.coda),
+    """Exact counts from the shape (``RecurrentConfig.cost``; tests/test_cost.py checks them
+    against the built model)."""
+    cost = config.cost
+    blocks = tuple(
+        (cost.block_params,) * n
+        for n in (
+            config.n_layers_in_prelude,
+            config.n_layers_in_recurrent_block,
+            config.n_layers_in_coda,
+        )
     )
-    root = total - sum(sum(b) for b in blocks)
-    largest = max(p.numel() for p in model.parameters())
-    return ParameterCounts(total, largest, root, *blocks)
+    root = cost.parameters - sum(sum(b) for b in blocks)
+    tensors = [o * i for o, i in cost.weight_shapes().values()]
+    return ParameterCounts(cost.parameters, max(tensors), root, *blocks)
 
 
 # Activations ------------------------------------------------------------------------------------
