@@ -144,18 +144,48 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
     stale. Progress is logged as lines (stdout is a file under SLURM).
     """
     c = config.cluster
-    tasks = c.nodes * c.gpus_per_node
     node_cores = c.gpus_per_node * c.cpus_per_task
     workers = config.data.workers if config.data.workers > 1 else node_cores
-    node_tmp = f"{node_local_root(config)}/huginn-${{SLURM_JOB_ID}}"  # node-local, per job
-    env = frontier_environment(ofi_rccl_lib=c.ofi_rccl_lib, gdr=c.gdr, cache_root=node_tmp)
     common = ["--config", config_path, "--out", c.out]
     for o in overrides or []:
         common += ["--set", o]
-    array = f"#SBATCH --array=1-{c.array_length}%1\n" if c.array_length > 1 else ""
+    about = [
+        "# The array chain runs one link at a time (%1); every link resumes from",
+        "# checkpoints/latest (--resume starts fresh if none).",
+        "# SLURM sends USR1 to every rank 300 s before the limit: they checkpoint and exit.",
+        "# stdout is a file here, so the trainer logs progress lines instead of drawing a bar.",
+    ]
+    return "\n".join(
+        [
+            *job_preamble(config, f"huginn-{c.name}", c.array_length, c.out, about),
+            "# The data, prepared once as its own step (one node, all its cores), only when the",
+            "# manifest is missing or stale. A corpus that takes hours is better prepared by its own",
+            f"# job first: sbatch -N 1 -c {node_cores} --wrap 'python pretrain/prepare.py ...', then this",
+            "# script with --dependency=afterok:<that job id>. The ranks only read the manifest.",
+            f"if ! python pretrain/prepare.py {_quoted(common)} --check; then",
+            f"    srun -N 1 -n 1 -c {node_cores} --kill-on-bad-exit=1 \\",
+            f"        python pretrain/prepare.py {_quoted(common)} --workers {workers}",
+            "fi",
+            "",
+            *rank_step(config, f"python pretrain/launch.py {_quoted([*common, '--resume'])}"),
+        ]
+    )
+
+
+def job_preamble(
+    config: TrainConfig, job_name: str, array_length: int, out: str, about: list[str]
+) -> list[str]:
+    """The first part of every job script of the cluster: SBATCH lines (an ``array_length`` chain
+    of one link at a time when > 1), open-file limit, modules, the recipe's environment with
+    node-local caches, and the venv staged on node-local storage. ``about`` is comment lines."""
+    c = config.cluster
+    tasks = c.nodes * c.gpus_per_node
+    node_tmp = f"{node_local_root(config)}/huginn-${{SLURM_JOB_ID}}"  # node-local, per job
+    env = frontier_environment(ofi_rccl_lib=c.ofi_rccl_lib, gdr=c.gdr, cache_root=node_tmp)
+    array = f"#SBATCH --array=1-{array_length}%1\n" if array_length > 1 else ""
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=huginn-{c.name}",
+        f"#SBATCH --job-name={job_name}",
         f"#SBATCH --account={c.account}",
         f"#SBATCH --partition={c.partition}",
         f"#SBATCH --nodes={c.nodes}",
@@ -169,10 +199,8 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         *([array.rstrip("\n")] if array else []),
         "set -euo pipefail",
         "",
-        f"# {c.nodes} nodes x {c.gpus_per_node} = {tasks} ranks. The array chain runs one link at a",
-        "# time (%1); every link resumes from checkpoints/latest (--resume starts fresh if none).",
-        "# SLURM sends USR1 to every rank 300 s before the limit: they checkpoint and exit.",
-        "# stdout is a file here, so the trainer logs progress lines instead of drawing a bar.",
+        f"# {c.nodes} nodes x {c.gpus_per_node} = {tasks} ranks.",
+        *about,
         'cd "${SLURM_SUBMIT_DIR:-.}"',
         "",
         "# Each rank memory-maps only the shards it reads, a few at a time; the open-file limit is",
@@ -183,7 +211,7 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         *(f"module load {m}" for m in c.modules),
         "set -u",
         f"export NODE_TMP={node_tmp}",
-        f'export RUN_CACHE="$(realpath -m {shlex.quote(c.out)})/cache"  # kept across the chain\'s links',
+        f'export RUN_CACHE="$(realpath -m {shlex.quote(out)})/cache"  # kept across the chain\'s links',
         'mkdir -p "$RUN_CACHE/inductor" "$RUN_CACHE/miopen"',
         "export PYTHONUNBUFFERED=1",
         "# Compute nodes have no route out: W&B logs offline (wandb sync later) unless told otherwise.",
@@ -193,15 +221,16 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         *(f'export {k}="{v}"' for k, v in env.items()),
         "",
         *_venv_staging(config),
-        "# The data, prepared once as its own step (one node, all its cores), only when the",
-        "# manifest is missing or stale. A corpus that takes hours is better prepared by its own",
-        f"# job first: sbatch -N 1 -c {node_cores} --wrap 'python pretrain/prepare.py ...', then this",
-        "# script with --dependency=afterok:<that job id>. The ranks only read the manifest.",
-        f"if ! python pretrain/prepare.py {_quoted(common)} --check; then",
-        f"    srun -N 1 -n 1 -c {node_cores} --kill-on-bad-exit=1 \\",
-        f"        python pretrain/prepare.py {_quoted(common)} --workers {workers}",
-        "fi",
-        "",
+    ]
+    return lines
+
+
+def rank_step(config: TrainConfig, command: str) -> list[str]:
+    """The job's main step: ``command`` on every rank (one per GPU/GCD), then the caches saved for
+    the next link and the node-local copies removed; the script exits with the step's status."""
+    c = config.cluster
+    tasks = c.nodes * c.gpus_per_node
+    return [
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 20000))",
         "",
@@ -210,7 +239,7 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         f"srun -N {c.nodes} -n {tasks} --ntasks-per-node={c.gpus_per_node} "
         f"-c {c.cpus_per_task} --gpus-per-task=1 --gpu-bind=closest --kill-on-bad-exit=1 "
         "--propagate=NOFILE \\",
-        f"    python pretrain/launch.py {_quoted([*common, '--resume'])} || status=$?",
+        f"    {command} || status=$?",
         "",
         "# Save this node's compile and MIOpen caches for the next link (all nodes compile the same).",
         'cp -a -u "$TORCHINDUCTOR_CACHE_DIR/." "$RUN_CACHE/inductor/" 2>/dev/null || true',
@@ -220,4 +249,3 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
         'exit "$status"',
         "",
     ]
-    return "\n".join(lines)
