@@ -22,6 +22,7 @@ import torch
 
 from .cached_forward import ChunkRunner
 from .config import ContextLengthError
+from .criteria import check_judged, latent_diff, relative_norm
 from .kv_cache import KVCache
 from .options import (
     Streamer,
@@ -225,7 +226,7 @@ class _Wave:
 
 
 def _latent_diff(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-    return (match - prev).norm(dim=-1) / match.norm(dim=-1)
+    return latent_diff(match, prev)
 
 
 def _latent_acceleration_1(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -233,7 +234,7 @@ def _latent_acceleration_1(wave: _Wave, match: torch.Tensor, prev: torch.Tensor)
     m = min(delta.shape[1], wave.previous_delta.shape[1])
     accel = delta[:, :m] - wave.previous_delta[:, :m]
     wave.previous_delta = delta.clone()
-    return accel.norm(dim=-1) / match[:, :m].norm(dim=-1)
+    return relative_norm(accel, match[:, :m])
 
 
 def _latent_acceleration_2(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -246,7 +247,7 @@ def _latent_acceleration_2(wave: _Wave, match: torch.Tensor, prev: torch.Tensor)
     before = wave.previous[:, lo - old : hi - old]
     earlier = wave.prev_previous[:, lo - older : hi - older]
     accel = (now - before) - (before - earlier)
-    return accel.norm(dim=-1) / (now.norm(dim=-1) + 1e-6)
+    return relative_norm(accel, now, eps=1e-6)
 
 
 #: The latent freeze strategies: per wave position a criterion (1, n) to compare with exit_t, from
@@ -463,7 +464,8 @@ class _Sampler:
         """The frozen length up to the last wave position whose criterion is below exit_t."""
         prev = wave.previous[:, wave.index - wave.old_index :]
         n = min(prev.shape[1], wave.states.shape[1])
-        below = criterion(wave, wave.states[:, :n], prev[:, :n]) < self.cfg.exit_t
+        value = criterion(wave, wave.states[:, :n], prev[:, :n])
+        below = check_judged(value, self.cfg.freeze_strategy) < self.cfg.exit_t
         exits = below[0].nonzero()
         return wave.index + int(exits[-1, 0]) + 1 if exits.numel() else None
 

@@ -7,15 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-EXIT_CRITERIA = ("kl", "minp-kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability")
-DEFAULT_THRESHOLDS = {
-    "kl": 5e-4,
-    "minp-kl": 1e-5,
-    "latent-diff": 0.03,
-    "entropy-diff": 1e-3,
-    "cosine": 1e-3,
-    "argmax-stability": 5,
-}
+from .criteria import CRITERIA, check_judged, cosine_distance, latent_diff
+
+#: The exit criteria of greedy generation, in the registry's order (``criteria.CRITERIA``).
+EXIT_CRITERIA = tuple(name for name, c in CRITERIA.items() if "generate" in c.used_by)
+DEFAULT_THRESHOLDS = {name: CRITERIA[name].default_threshold for name in EXIT_CRITERIA}
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,7 @@ class ExitCriterion:
         self.threshold = float(DEFAULT_THRESHOLDS[name] if threshold is None else threshold)
         if not self.threshold >= 0:
             raise ValueError(f"exit_threshold must be >= 0, got {threshold}")
-        self.needs_logits = name in ("kl", "minp-kl", "entropy-diff", "argmax-stability")
+        self.needs_logits = CRITERIA[name].needs_logits
         self._prev: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
 
@@ -105,11 +101,8 @@ class ExitCriterion:
         name = self.name
         if name in ("latent-diff", "cosine"):
             s, p = state[:, -1].float(), prev_state[:, -1].float()
-            if name == "latent-diff":
-                value = (s - p).norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-12)
-            else:
-                value = 1 - torch.nn.functional.cosine_similarity(s, p, dim=-1)
-            return value < self.threshold
+            value = latent_diff(s, p) if name == "latent-diff" else cosine_distance(s, p)
+            return check_judged(value, name) < self.threshold
         assert logits is not None
         if name == "argmax-stability":
             top = logits.argmax(dim=-1)
@@ -126,7 +119,7 @@ class ExitCriterion:
             if prev is None:
                 prev = torch.full_like(logq, -math.log(logq.shape[-1]))
             self._prev = logq
-            return (prev.exp() * (prev - logq)).sum(dim=-1) < self.threshold
+            return check_judged((prev.exp() * (prev - logq)).sum(dim=-1), name) < self.threshold
         logp = torch.log_softmax(logits.float(), dim=-1)
         prev = self._prev
         if prev is None:
@@ -136,7 +129,7 @@ class ExitCriterion:
             value = (logp.exp() * (logp - prev)).sum(dim=-1)
         else:
             value = (_entropy(logp) - _entropy(prev)).abs()
-        return value < self.threshold
+        return check_judged(value, name) < self.threshold
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ V = 96
 
 
 @pytest.fixture(scope="module")
-def model() -> RecurrentLM:
+def small_model() -> RecurrentLM:
+    """A 32-wide model over a 96-token vocabulary with the random weights of seed 3."""
     torch.manual_seed(3)
     cfg = RecurrentConfig(
         n_embd=32, n_heads=2, n_layers_in_prelude=1, n_layers_in_recurrent_block=2,
@@ -169,16 +170,16 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_tokens_equal_the_slow_reference(model, prompt, case):
+def test_tokens_equal_the_slow_reference(small_model, prompt, case):
     kw = CASES[case]
     max_new, num_steps, inner = 10, 6, 2
-    expected = slow_diffusion(model, prompt, max_new, num_steps, inner,
+    expected = slow_diffusion(small_model, prompt, max_new, num_steps, inner,
                               generator=torch.Generator().manual_seed(7), **kw)  # fmt: skip
     fast_kw = {k: v for k, v in kw.items() if k != "compress"}
     if kw.get("compress") is False:
         fast_kw["cache_lookup_strategy"] = "full"
     out = generate_diffusion(
-        model, prompt, max_new, num_steps=num_steps, inner_recurrence=inner, init_scale=0.0,
+        small_model, prompt, max_new, num_steps=num_steps, inner_recurrence=inner, init_scale=0.0,
         generator=torch.Generator().manual_seed(7), stop_tokens=(), return_details=True, **fast_kw,
     )  # fmt: skip
     assert isinstance(out, DiffusionOutput)
@@ -190,9 +191,9 @@ def test_tokens_equal_the_slow_reference(model, prompt, case):
         assert out.standing_waves > 0 and int(out.wave_widths.max()) == 3
 
 
-def test_tablets_are_consistent(model, prompt):
+def test_tablets_are_consistent(small_model, prompt):
     inner, num_steps, P = 2, 6, prompt.shape[1]
-    out = generate_diffusion(model, prompt, 12, num_steps=num_steps, inner_recurrence=inner,
+    out = generate_diffusion(small_model, prompt, 12, num_steps=num_steps, inner_recurrence=inner,
                              init_scale=0.0, headway=2, stop_tokens=(), return_details=True)  # fmt: skip
     steps = out.sampler_steps
     assert out.token_tablet.shape[0] == steps == len(out.frozen_lengths)
@@ -225,32 +226,32 @@ def test_tablets_are_consistent(model, prompt):
     assert bool((out.stability_tablet[-1, :P] == steps).all())
 
 
-def test_stop_token_ends_generation(model, prompt):
+def test_stop_token_ends_generation(small_model, prompt):
     num_steps, inner = 2, 2
     kw = dict(num_steps=num_steps, inner_recurrence=inner, init_scale=0.0, return_details=True)
-    free = generate_diffusion(model, prompt, 40, stop_tokens=(), **kw)
+    free = generate_diffusion(small_model, prompt, 40, stop_tokens=(), **kw)
     P = prompt.shape[1]
     # a token first frozen after step num_steps (when the sampler starts checking stops)
     lengths = free.frozen_lengths.tolist()
     t = next(t for t in range(num_steps + 1, len(lengths)) if lengths[t] > lengths[t - 1])
     stop = int(free.frozen[0, lengths[t] - 1])
     first = free.frozen[0, P:].tolist().index(stop)
-    out = generate_diffusion(model, prompt, 40, stop_tokens=(stop,), **kw)
+    out = generate_diffusion(small_model, prompt, 40, stop_tokens=(stop,), **kw)
     assert out.sequences[0, P:].tolist() == free.frozen[0, P : P + first + 1].tolist()
     assert out.sampler_steps < free.sampler_steps
 
 
-def test_other_strategies_and_sampling(model, prompt):
+def test_other_strategies_and_sampling(small_model, prompt):
     P = prompt.shape[1]
     for strategy in ("latent-acceleration-1", "latent-acceleration-2", "token-stability", "fixed"):
-        out = generate_diffusion(model, prompt, 8, num_steps=4, inner_recurrence=2, stop_tokens=(),
+        out = generate_diffusion(small_model, prompt, 8, num_steps=4, inner_recurrence=2, stop_tokens=(),
                                  freeze_strategy=strategy, return_details=True, max_wavefront=16,
                                  generator=torch.Generator().manual_seed(0))  # fmt: skip
         assert out.sequences.shape == (1, P + 8), strategy
         lengths = out.frozen_lengths.tolist()
         assert lengths == sorted(lengths), strategy
     # "fixed" freezes headway tokens per step once past num_steps // inner_recurrence steps
-    out = generate_diffusion(model, prompt, 8, num_steps=4, inner_recurrence=2, headway=2,
+    out = generate_diffusion(small_model, prompt, 8, num_steps=4, inner_recurrence=2, headway=2,
                              freeze_strategy="fixed", stop_tokens=(), return_details=True)  # fmt: skip
     assert out.frozen_lengths.tolist()[:4] == [P + 1, P + 1, P + 1, P + 3]
     kw = dict(
@@ -262,26 +263,41 @@ def test_other_strategies_and_sampling(model, prompt):
         max_wavefront=16,
         max_diffusion_steps=40,
     )
-    a = generate_diffusion(model, prompt, 8, generator=torch.Generator().manual_seed(1), **kw)
-    b = generate_diffusion(model, prompt, 8, generator=torch.Generator().manual_seed(1), **kw)
+    a = generate_diffusion(small_model, prompt, 8, generator=torch.Generator().manual_seed(1), **kw)
+    b = generate_diffusion(small_model, prompt, 8, generator=torch.Generator().manual_seed(1), **kw)
     assert torch.equal(a, b) and P < a.shape[1] <= P + 8 and int(a.max()) < V
 
 
-def test_hooked_path_and_method_agree(model, prompt):
+def test_hooked_path_and_method_agree(small_model, prompt):
     kw = dict(num_steps=4, inner_recurrence=2, init_scale=0.0, stop_tokens=())
-    fast = generate_diffusion(model, prompt, 6, **kw)
-    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
-        hooked = generate_diffusion(model, prompt, 6, **kw)
+    fast = generate_diffusion(small_model, prompt, 6, **kw)
+    with small_model.hooks([(hook_names.STATE, lambda x, hook: None)]):
+        hooked = generate_diffusion(small_model, prompt, 6, **kw)
     assert torch.equal(fast, hooked)
-    assert torch.equal(model.generate_diffusion(prompt, 6, **kw), fast)
+    assert torch.equal(small_model.generate_diffusion(prompt, 6, **kw), fast)
 
 
-def test_bad_input_is_refused(model, prompt):
+def test_bad_input_is_refused(small_model, prompt):
     with pytest.raises(ValueError, match="one sequence"):
-        generate_diffusion(model, prompt.repeat(2, 1), 4)
+        generate_diffusion(small_model, prompt.repeat(2, 1), 4)
     with pytest.raises(ValueError, match="freeze_strategy"):
-        generate_diffusion(model, prompt, 4, freeze_strategy="never")
+        generate_diffusion(small_model, prompt, 4, freeze_strategy="never")
     with pytest.raises(ValueError, match="max_wavefront"):
-        generate_diffusion(model, prompt, 4, headway=4, max_wavefront=2)
+        generate_diffusion(small_model, prompt, 4, headway=4, max_wavefront=2)
     with pytest.raises(ValueError, match="cache_lookup_strategy"):
-        generate_diffusion(model, prompt, 4, cache_lookup_strategy="skip")
+        generate_diffusion(small_model, prompt, 4, cache_lookup_strategy="skip")
+
+
+def test_a_zero_state_freezes_and_a_nan_state_is_an_error(small_model, prompt):
+    from recurrent_model.criteria import NonFiniteState
+
+    P = prompt.shape[1]
+    kw = dict(num_steps=4, inner_recurrence=2, init_scale=0.0, stop_tokens=(), return_details=True,
+              max_diffusion_steps=40)  # fmt: skip
+    with small_model.hooks([(hook_names.STATE, lambda x, hook: torch.zeros_like(x))]):
+        out = generate_diffusion(small_model, prompt, 6, **kw)
+    assert out.sequences.shape == (1, P + 6) and out.sampler_steps < 40  # 0/0: it did not move
+    for strategy in ("latent-diff", "latent-acceleration-1"):
+        with small_model.hooks([(hook_names.STATE, lambda x, hook: x * float("nan"))]):
+            with pytest.raises(NonFiniteState, match=f"the {strategy} criterion is NaN"):
+                generate_diffusion(small_model, prompt, 6, freeze_strategy=strategy, **kw)

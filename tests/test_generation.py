@@ -8,6 +8,7 @@ import torch
 import recurrent_model as rm
 from recurrent_model import hook_names
 from recurrent_model.generation import GenerationOutput, generate
+from recurrent_model.sampling import EXIT_CRITERIA
 
 
 def greedy_by_recomputation(model, ids, new, steps, mask=None):
@@ -209,6 +210,26 @@ def test_compile_refuses_what_it_cannot_run_instead_of_decoding_eagerly(model):
     with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
         with pytest.raises(ValueError, match="hooks on core.hook_state"):
             generate(model, prompt(1, 3), 2, compile=True)
+
+
+def test_exit_criteria_on_a_zero_or_nan_state(model):
+    from recurrent_model.criteria import CRITERIA, NonFiniteState, relative_norm
+
+    zero = lambda x, hook: torch.zeros_like(x) if hook.step else None  # noqa: E731
+    kw = dict(num_steps=4, init_scale=0.0, return_details=True, stop_tokens=())
+    for name in ("latent-diff", "cosine"):  # a zero state that stays zero did not move
+        with model.hooks([(hook_names.STATE, zero)]):
+            out = generate(model, prompt(1, 3), 2, exit_criterion=name, **kw)
+        assert out.steps.tolist() == [[1, 1]], name
+    nan = lambda x, hook: x * float("nan") if hook.step else None  # noqa: E731
+    for name in ("latent-diff", "cosine", "kl"):
+        with model.hooks([(hook_names.STATE, nan)]):
+            with pytest.raises(NonFiniteState, match=f"the {name} criterion is NaN"):
+                generate(model, prompt(1, 3), 2, exit_criterion=name, **kw)
+    ratio = relative_norm(torch.tensor([[0.0, 0.0], [1.0, 0.0]]), torch.zeros(2, 2))
+    assert ratio.tolist() == [0.0, float("inf")]
+    assert set(EXIT_CRITERIA) <= set(CRITERIA) and CRITERIA["latent-diff"].used_by == (
+        "generate", "diffusion")  # fmt: skip
 
 
 def test_context_errors(model):
