@@ -145,3 +145,30 @@ def test_aligned_umap_real_embeddings_are_aligned():
     gap = np.linalg.norm(coords[0] - coords[1], axis=1).mean()
     spread = np.linalg.norm(coords[0] - coords[0].mean(0), axis=1).mean()
     assert gap < 0.5 * spread
+
+
+def test_editing_a_umap_result_leaves_the_cache_intact(monkeypatch):
+    import types
+
+    from workbench import projections
+
+    fake = types.SimpleNamespace(UMAP=_FakeUMAP, AlignedUMAP=_FakeAlignedUMAP)
+    monkeypatch.setitem(sys.modules, "umap", fake)
+    projections.umap_cache_clear()
+    states = _low_rank((4, 20, 30))
+    first, _ = wb.project(states, method="umap", pca_dims=10)
+    expected = first.copy()
+    first[:] = 0.0  # a caller scribbles on its result
+    second, _ = wb.project(states, method="umap", pca_dims=10)
+    np.testing.assert_array_equal(second, expected)
+    second[:] = 1.0  # a hit is a copy too
+    np.testing.assert_array_equal(wb.project(states, method="umap", pca_dims=10)[0], expected)
+    trajs = [states[0], states[1], states[2]]
+    coords, _ = wb.aligned_umap(trajs, pca_dims=10)
+    kept = [c.copy() for c in coords]
+    coords[0][:] = 0.0
+    for got, want in zip(wb.aligned_umap(trajs, pca_dims=10)[0], kept):
+        np.testing.assert_array_equal(got, want)
+    cached = [coords for coords, _ in projections._UMAP_CACHE.values()]
+    assert not cached[0].flags.writeable and not any(c.flags.writeable for c in cached[1])
+    projections.umap_cache_clear()

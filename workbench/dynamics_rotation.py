@@ -57,7 +57,10 @@ def _grid(n: int, oversample: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """The frequency grid over (0, π] for windows of n points and its basis (cached per n)."""
     step = np.pi / (oversample * n)
     omegas = np.arange(step, np.pi + step / 2, step)
-    return omegas, _basis(omegas, _times(n))
+    basis = _basis(omegas, _times(n))
+    for array in (omegas, *basis):
+        array.setflags(write=False)  # shared by every caller of the cache
+    return omegas, basis
 
 
 def _share(basis: tuple[np.ndarray, ...], y: np.ndarray) -> np.ndarray:

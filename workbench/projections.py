@@ -1,7 +1,8 @@
 """Projections of all states of a sequence: one PCA (default, deterministic) or UMAP.
 
 UMAP is imported only inside ``project(..., method="umap")`` (its import alone takes ~20 s) and its
-results are cached in memory, keyed by the data and the parameters.
+results are cached in memory, keyed by the data and the parameters. The cache holds read-only
+arrays and every call gets its own copy, so editing a result never changes a later one.
 """
 
 from __future__ import annotations
@@ -39,20 +40,49 @@ def umap_cache_clear() -> None:
     _UMAP_CACHE.clear()
 
 
+def _frozen(coords: np.ndarray | tuple[np.ndarray, ...]) -> Any:
+    """The cached form: read-only arrays, so that nothing can edit a cached result in place."""
+    arrays = coords if isinstance(coords, tuple) else (coords,)
+    for a in arrays:
+        a.setflags(write=False)
+    return coords
+
+
+def _copied(coords: np.ndarray | tuple[np.ndarray, ...]) -> Any:
+    """What a caller gets: fresh writable copies, independent of the cache."""
+    if isinstance(coords, tuple):
+        return tuple(a.copy() for a in coords)
+    return coords.copy()
+
+
+def _remember(key: str, coords: Any, reducer: Any) -> None:
+    """Cache one result (read-only) and evict the oldest beyond ``UMAP_CACHE_SIZE``."""
+    _UMAP_CACHE[key] = (_frozen(coords), reducer)
+    while len(_UMAP_CACHE) > UMAP_CACHE_SIZE:
+        _UMAP_CACHE.popitem(last=False)
+
+
+def _recall(key: str) -> tuple[Any, Any] | None:
+    """A cached result as fresh copies and its reducer, or None."""
+    if key not in _UMAP_CACHE:
+        return None
+    _UMAP_CACHE.move_to_end(key)
+    coords, reducer = _UMAP_CACHE[key]
+    return _copied(coords), reducer
+
+
 def _umap(x: np.ndarray, n_components: int, pca_dims: int, random_state: int, **kwargs: Any):
     params = dict(n_components=n_components, pca_dims=pca_dims, random_state=random_state, **kwargs)
     key = _umap_key(x, params)
-    if key in _UMAP_CACHE:
-        _UMAP_CACHE.move_to_end(key)
-        return _UMAP_CACHE[key]
+    hit = _recall(key)
+    if hit is not None:
+        return hit
     import umap  # lazy: ~20 s import
 
     reduced = fit_pca(x, pca_dims).transform(x) if x.shape[1] > pca_dims else x
     reducer = umap.UMAP(n_components=n_components, random_state=random_state, **kwargs)
     coords = reducer.fit_transform(reduced).astype(np.float32)
-    _UMAP_CACHE[key] = (coords, reducer)
-    while len(_UMAP_CACHE) > UMAP_CACHE_SIZE:
-        _UMAP_CACHE.popitem(last=False)
+    _remember(key, coords.copy(), reducer)
     return coords, reducer
 
 
@@ -135,10 +165,9 @@ def aligned_umap(
     )
     stacked = np.concatenate(slices)
     key = _umap_key(stacked, params)
-    if key in _UMAP_CACHE:
-        _UMAP_CACHE.move_to_end(key)
-        coords, reducer = _UMAP_CACHE[key]
-        return list(coords), reducer
+    hit = _recall(key)
+    if hit is not None:
+        return list(hit[0]), hit[1]
     import umap  # lazy: ~20 s import
 
     if stacked.shape[1] > pca_dims:
@@ -154,8 +183,6 @@ def aligned_umap(
         random_state=random_state,
         **umap_kwargs,
     ).fit(reduced, relations=relations)
-    coords = tuple(np.asarray(e, dtype=np.float32) for e in reducer.embeddings_)
-    _UMAP_CACHE[key] = (coords, reducer)
-    while len(_UMAP_CACHE) > UMAP_CACHE_SIZE:
-        _UMAP_CACHE.popitem(last=False)
+    coords = tuple(np.array(e, dtype=np.float32) for e in reducer.embeddings_)
+    _remember(key, _copied(coords), reducer)
     return list(coords), reducer
