@@ -1,5 +1,6 @@
 """Pretrain a recurrent-depth model: ``python pretrain/launch.py [--config FILE] [--set k=v ...]
-[--out DIR] [--resume] [--max-steps N] [--nproc N] [--slurm-script] [--plan]``.
+[--out DIR] [--resume] [--max-steps N] [--nproc N] [--callback MODULE:NAME] [--slurm-script]
+[--plan]``.
 
 With no arguments it trains pretrain/configs/cpu-small.yaml on the embedded starter corpus into
 runs/cpu-small. ``--nproc N`` re-launches as N local ranks through torchrun; under SLURM
@@ -15,6 +16,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop after this step (the lr schedule keeps train.max_steps)",
     )
     p.add_argument("--nproc", type=int, default=None, help="run N local ranks through torchrun")
+    p.add_argument(
+        "--callback",
+        dest="callbacks",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="every rank calls NAME() from MODULE and hands the result to the trainer as a "
+        "callback (pretrain/callbacks.py; repeatable)",
+    )
     p.add_argument(
         "--slurm-script",
         action="store_true",
@@ -130,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         print(sbatch_script(config, args.config, args.overrides), end="")
         return 0
     out = run_directory(args.out, args.config)
-    return train(config, out, resume=args.resume, max_steps=args.max_steps)
+    from pretrain.callbacks import CallbackError, load_callback
+
+    try:
+        callbacks = [load_callback(spec) for spec in args.callbacks]
+    except CallbackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return train(config, out, resume=args.resume, max_steps=args.max_steps, callbacks=callbacks)
 
 
 def may_start(out: Path, resume: bool) -> bool:
@@ -177,13 +195,19 @@ def print_plan(config, args: argparse.Namespace) -> int:
     return 3
 
 
-def train(config, out: Path, resume: bool = False, max_steps: int | None = None) -> int:
-    """Train in this process (one rank); returns an exit code."""
+def train(
+    config,
+    out: Path,
+    resume: bool = False,
+    max_steps: int | None = None,
+    callbacks: Sequence[Any] = (),
+) -> int:
+    """Train in this process (one rank) with ``callbacks``; returns an exit code."""
     from pretrain.distributed import init_distributed, shutdown
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
     try:
-        code, summary = run_trainer(config, out, ctx, resume, max_steps)
+        code, summary = run_trainer(config, out, ctx, resume, max_steps, callbacks)
     finally:
         # DDP's reducer holds the process group, and its destructor keeps the GIL while gloo's
         # workers may still need it to free their last tensors: a hang at exit. The trainer goes
@@ -201,7 +225,7 @@ def train(config, out: Path, resume: bool = False, max_steps: int | None = None)
 
 
 def run_trainer(
-    config, out: Path, ctx, resume: bool, max_steps: int | None
+    config, out: Path, ctx, resume: bool, max_steps: int | None, callbacks: Sequence[Any] = ()
 ) -> tuple[int, dict[str, Any]]:
     """(exit code, summary) of one rank's training; nothing of the trainer outlives the call, even
     when it raises (the traceback's frames are cleared), so ``train`` can destroy the group."""
@@ -211,7 +235,7 @@ def run_trainer(
     from pretrain.trainer import RunDirectoryError, Trainer
 
     try:
-        trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps)
+        trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps, callbacks=callbacks)
     except (DataError, RunDirectoryError, StartupError) as exc:  # one line, not per rank
         print(f"error: {exc}", file=sys.stderr)
         return 2, {}

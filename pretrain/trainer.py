@@ -7,7 +7,7 @@ import contextlib
 import math
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import torch
 
 from recurrent_model import HuginnTokenizer, hook_names, sample_depth
 
+from .callbacks import TrainerCallback, notify
 from .checkpoint_manager import CheckpointManager, Snapshot
 from .checkpointing import (
     CheckpointDirectory,
@@ -100,7 +101,8 @@ def prepare(config: TrainConfig, data_dir: Path, ctx: DistContext, progress: boo
 
 
 class Trainer:
-    """Trains ``config`` into ``out_dir``; ``run()`` returns a summary dict."""
+    """Trains ``config`` into ``out_dir``; ``run()`` returns a summary dict. ``callbacks`` see the
+    run, its steps and its batches (pretrain/callbacks.py)."""
 
     def __init__(
         self,
@@ -109,8 +111,10 @@ class Trainer:
         ctx: DistContext,
         resume: bool = False,
         max_steps: int | None = None,
+        callbacks: Sequence[TrainerCallback] = (),
     ) -> None:
         self.config, self.ctx = config, ctx
+        self.callbacks = list(callbacks)
         self.out = Path(out_dir)
         refuse_existing_run(self.out, resume)
         self.train_cfg = config.train
@@ -323,6 +327,7 @@ class Trainer:
         total_loss = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum):
             inputs, labels = next(self.loader_iter)
+            notify(self.callbacks, "on_batch", self, inputs, labels)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             last = micro == t.grad_accum - 1
             sync = self.strategy.sync_context(self.model, self.wrapped, self.ctx, last)
@@ -473,7 +478,15 @@ class Trainer:
 
     # The loop --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Train from the current step to the stop step; checkpoints, validation and telemetry."""
+        """Train from the current step to the stop step; checkpoints, validation and telemetry.
+        The callbacks see the start and the summary."""
+        notify(self.callbacks, "on_run_start", self)
+        summary = self._train()
+        notify(self.callbacks, "on_run_end", self, summary)
+        return summary
+
+    def _train(self) -> dict[str, Any]:
+        """``run`` without the callbacks' start and end."""
         started = time.perf_counter()
         if self.step >= self.stop_at:
             return self._nothing_to_train(started)
@@ -503,7 +516,9 @@ class Trainer:
         record: dict[str, Any] = {}
         skipped_in_row = 0
         while self.step < self.stop_at:
+            notify(self.callbacks, "on_step_start", self)
             record = self._guarded_step()
+            notify(self.callbacks, "on_step_end", self, record)
             profiler.step()
             skipped_in_row = skipped_in_row + 1 if record.get("skipped") else 0
             self._check_skipped(record, skipped_in_row, bar)

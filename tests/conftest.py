@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -49,3 +50,31 @@ def model() -> Iterator[rm.RecurrentLM]:
     if shared.tokenizer is not None or shared.training or shared.has_hooks():
         changed.append("tokenizer, mode or hooks")
     assert not changed, f"a test mutated the shared `model` fixture: {', '.join(changed)}"
+
+
+@pytest.fixture(scope="module")
+def shipped_model() -> rm.RecurrentLM:
+    """checkpoints/default as ``rm.load_model`` gives it (eval mode), loaded once per module; the
+    test is skipped when the checkpoint is not present."""
+    import recurrent_model as rm
+    from recurrent_model.standin import DEFAULT_CHECKPOINT
+
+    if not (DEFAULT_CHECKPOINT / "model.safetensors").is_file():
+        pytest.skip("checkpoints/default is not present")
+    return rm.load_model(DEFAULT_CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def tiny(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
+    """(root, config): a tiny corpus in root/corpus and a training config for it (helpers.write_config,
+    data cache root/data), made once per module. The module's ``TINY`` dict sets the number of
+    documents (``docs``) and keys of the train section."""
+    from helpers import write_config, write_corpus
+
+    settings = dict(getattr(request.module, "TINY", {}))
+    docs = int(settings.pop("docs", 160))
+    root = tmp_path_factory.mktemp("tiny")
+    write_corpus(root / "corpus", docs=docs)
+    return root, write_config(root / "tiny.yaml", root / "corpus", root / "data", **settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-from test_train_pipeline import write_config, write_corpus
+from helpers import write_config, write_corpus
 
 import recurrent_model as rm
 from pretrain.export import main as export_main

@@ -22,7 +22,8 @@ PACKAGE = Path(rm.__file__).parent
 
 
 @pytest.fixture(scope="module")
-def model() -> rm.RecurrentLM:
+def perturbed_model() -> rm.RecurrentLM:
+    """The tiny preset of seed 0 with its norms and q/k bias moved off their initial values."""
     torch.manual_seed(0)
     m = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():  # non-trivial norms and q/k bias, so that every weight matters
@@ -36,21 +37,21 @@ def ids(batch: int = 2, length: int = 6, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 512, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def test_fast_cached_path_is_bit_identical_to_the_hooked_model_path(model):
+def test_fast_cached_path_is_bit_identical_to_the_hooked_model_path(perturbed_model):
     kw = dict(num_steps=3, init_scale=0.0, stop_tokens=(), output_scores=True, return_details=True)
-    fast = generate(model, ids(), 6, **kw)
-    with model.hooks([(hook_names.STATE, lambda x, hook: None)]):
-        assert model.has_hooks()
-        hooked = generate(model, ids(), 6, **kw)
-    assert not model.has_hooks()
+    fast = generate(perturbed_model, ids(), 6, **kw)
+    with perturbed_model.hooks([(hook_names.STATE, lambda x, hook: None)]):
+        assert perturbed_model.has_hooks()
+        hooked = generate(perturbed_model, ids(), 6, **kw)
+    assert not perturbed_model.has_hooks()
     assert torch.equal(fast.scores, hooked.scores)  # not close: the same ops on the same numbers
     assert torch.equal(fast.sequences, hooked.sequences)
 
 
-def test_sandwich_block_equals_the_module_and_the_spec(model):
-    block = model.transformer.core_block[1]
+def test_sandwich_block_equals_the_module_and_the_spec(perturbed_model):
+    block = perturbed_model.transformer.core_block[1]
     x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(3))
-    rope = model.rope_at(0, 5)
+    rope = perturbed_model.rope_at(0, 5)
     with torch.no_grad():
         got = fn.sandwich_block(x, block.weights(), rope, block.eps)
         assert torch.equal(got, block(x, rope))
@@ -61,17 +62,17 @@ def test_sandwich_block_equals_the_module_and_the_spec(model):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_trajectory_normalisation_is_the_models_ln_f(model, dtype):
+def test_trajectory_normalisation_is_the_models_ln_f(perturbed_model, dtype):
     from workbench.trajectory import rms_normalize
 
     raw = np.random.default_rng(0).standard_normal((3, 4, 64)).astype(dtype)
-    weight = model.transformer.ln_f.weight.detach()
-    got = rms_normalize(raw, weight.numpy(), model.config.norm_eps)
+    weight = perturbed_model.transformer.ln_f.weight.detach()
+    got = rms_normalize(raw, weight.numpy(), perturbed_model.config.norm_eps)
     with torch.no_grad():
         x = torch.from_numpy(raw)
-        expected = fn.rms_norm(x, weight.to(x.dtype), model.config.norm_eps).numpy()
+        expected = fn.rms_norm(x, weight.to(x.dtype), perturbed_model.config.norm_eps).numpy()
         if dtype == np.float32:
-            assert np.array_equal(got, model.transformer.ln_f(x).numpy())
+            assert np.array_equal(got, perturbed_model.transformer.ln_f(x).numpy())
     assert np.array_equal(got, expected)
     x32 = raw.astype(np.float64)
     by_formula = x32 / np.sqrt((x32**2).mean(-1, keepdims=True) + 1e-6) * weight.double().numpy()
@@ -123,16 +124,16 @@ def test_recurrent_model_imports_point_one_way():
             visit(module, [])
 
 
-def test_generation_config_and_keywords_are_one_surface(model):
+def test_generation_config_and_keywords_are_one_surface(perturbed_model):
     cfg = GenerationConfig(num_steps=3, init_scale=0.0, stop_tokens=())
-    by_config = generate(model, ids(), 5, config=cfg)
-    by_keywords = model.generate(ids(), 5, num_steps=3, init_scale=0.0, stop_tokens=[])
+    by_config = generate(perturbed_model, ids(), 5, config=cfg)
+    by_keywords = perturbed_model.generate(ids(), 5, num_steps=3, init_scale=0.0, stop_tokens=[])
     assert isinstance(by_config, torch.Tensor) and torch.equal(by_config, by_keywords)
-    details = model.generate(ids(), 5, config=cfg, num_steps=1, return_details=True)
+    details = perturbed_model.generate(ids(), 5, config=cfg, num_steps=1, return_details=True)
     assert isinstance(details, rm.GenerationOutput)
     assert details.steps.unique().tolist() == [1]  # keywords override the config
     with pytest.raises(TypeError, match="unknown option.*num_step\\b"):
-        model.generate(ids(), 5, num_step=3)
+        perturbed_model.generate(ids(), 5, num_step=3)
     with pytest.raises(AttributeError):
         cfg.num_steps = 4  # type: ignore[misc]
 
@@ -161,15 +162,15 @@ def test_minp_kl_follows_the_published_definition():
             assert out.tolist() == [expected] * 3
 
 
-def test_minp_kl_in_generate_exits_early_and_defaults(model):
+def test_minp_kl_in_generate_exits_early_and_defaults(perturbed_model):
     assert ExitCriterion("minp-kl").threshold == 1e-5
-    out = model.generate(ids(), 4, num_steps=6, exit_criterion="minp-kl", exit_threshold=1e9,
+    out = perturbed_model.generate(ids(), 4, num_steps=6, exit_criterion="minp-kl", exit_threshold=1e9,
                          init_scale=0.0, stop_tokens=(), return_details=True)  # fmt: skip
     assert out.steps.unique().tolist() == [1]
 
 
-def test_a_cache_that_cannot_fit_fails_before_allocating(model):
+def test_a_cache_that_cannot_fit_fails_before_allocating(perturbed_model):
     with pytest.raises(rm.KVCacheTooLarge, match=r"needs [\d,]+ bytes .*cache_budget"):
-        model.generate(ids(), 4, num_steps=100_000_000)
-    shape = rm.KVCache.shape_for(model.config, 2, 10, 100_000_000, budget=8)
+        perturbed_model.generate(ids(), 4, num_steps=100_000_000)
+    shape = rm.KVCache.shape_for(perturbed_model.config, 2, 10, 100_000_000, budget=8)
     assert shape[0] == 1 + 8 + 1  # with a budget the same request fits

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-import recurrent_model as rm
 import workbench as wb
 from recurrent_model.hook_names import STATE, E, core
 from recurrent_model.hooks import Hook, HookError
@@ -212,27 +211,22 @@ def test_progress_reports_every_batch_and_should_stop_cancels(model, pair):
     assert len(df) == 6 * (STEPS + 1)
 
 
-@pytest.fixture(scope="module")
-def default_model() -> rm.RecurrentLM:
-    return rm.load_model(DEFAULT_CHECKPOINT)
-
-
 @pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="no default checkpoint")
-def test_default_patching_pair_has_a_gap_and_a_grid_with_structure(default_model):
+def test_default_patching_pair_has_a_gap_and_a_grid_with_structure(shipped_model):
     """On the shipped checkpoint the default pair's answers differ (7 against 5) by well over 1
     logit, and the grid is not flat: the operand's and the last position's late states carry it."""
-    pair = patching_pair(default_model)
-    tok = default_model.tokenizer
+    pair = patching_pair(shipped_model)
+    tok = shipped_model.tokenizer
     assert tok.token_strings([pair.target, pair.corrupted_target]) == ["7", "5"]
     steps = 32
     df = wb.patch_states(
-        default_model, pair.clean_ids, pair.corrupted_ids, steps, metric="logit_diff",
+        shipped_model, pair.clean_ids, pair.corrupted_ids, steps, metric="logit_diff",
         target=pair.target, corrupted_target=pair.corrupted_target,
     )  # fmt: skip
     assert df.attrs["gap"] >= 1.0 and not df.gap_too_small.any()
     assert df.clean.iloc[0] > 0 > df.corrupted.iloc[0]  # each run prefers its own answer
     with torch.no_grad():
-        logits = default_model(torch.tensor([pair.clean_ids]), num_steps=steps).logits[0, -1]
+        logits = shipped_model(torch.tensor([pair.clean_ids]), num_steps=steps).logits[0, -1]
     assert int(logits.argmax()) == pair.target
     grid = _grid(df)
     operand = pair.clean_ids.index(tok.encode("4", add_bos=False)[0])

@@ -10,7 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
-from test_train_pipeline import write_config, write_corpus
+from helpers import write_config, write_corpus
 
 from pretrain.launch import main as launch_main
 from pretrain.metrics import MetricsWriter, scalars, wandb_project

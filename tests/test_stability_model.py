@@ -18,39 +18,37 @@ PROMPT = "Claire makes a 3 egg omelet every morning"
 SETTLED = 4  # a token whose trajectory settles on a fixed point
 
 
-@pytest.fixture(scope="module")
-def model():
-    if not (CHECKPOINT / "model.safetensors").is_file():
-        pytest.skip("checkpoints/default is not present")
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> None:
+    """The analyses here run on one thread."""
     torch.set_num_threads(1)
-    return rm.load_model(CHECKPOINT).eval()
 
 
 @pytest.fixture(scope="module")
-def ids(model):
-    return model.tokenizer.encode(PROMPT)[:8]
+def ids(shipped_model):
+    return shipped_model.tokenizer.encode(PROMPT)[:8]
 
 
 @pytest.fixture(scope="module")
-def whole(model, ids):
-    return workbench.fixed_point(model, ids, tol=1e-6, max_iter=200)
+def whole(shipped_model, ids):
+    return workbench.fixed_point(shipped_model, ids, tol=1e-6, max_iter=200)
 
 
-def test_core_map_is_the_models_iteration(model, ids):
-    core = CoreMap.from_model(model, ids)
-    s0 = initial_state(model, core, 1.0, seed=3)
+def test_core_map_is_the_models_iteration(shipped_model, ids):
+    core = CoreMap.from_model(shipped_model, ids)
+    s0 = initial_state(shipped_model, core, 1.0, seed=3)
     x = torch.tensor([ids])
     with torch.no_grad():
-        e = model.prelude(model.embed(x), model.rope_at(0, len(ids)))
-        expected = model.core_step(s0[None], e, model.rope_at(0, len(ids)), 1)[0]
+        e = shipped_model.prelude(shipped_model.embed(x), shipped_model.rope_at(0, len(ids)))
+        expected = shipped_model.core_step(s0[None], e, shipped_model.rope_at(0, len(ids)), 1)[0]
     assert torch.allclose(core(s0), expected, atol=1e-5, rtol=1e-5)
     block = core.block(5, s0)
     assert torch.allclose(block(s0[5]), expected[5], atol=1e-5, rtol=1e-5)
 
 
-def test_anderson_reaches_128_plain_iterations_in_fewer_passes(model, ids, whole):
-    core = CoreMap.from_model(model, ids)
-    plain = iterate(core, initial_state(model, core, 0.0, 0), 128)[-1]
+def test_anderson_reaches_128_plain_iterations_in_fewer_passes(shipped_model, ids, whole):
+    core = CoreMap.from_model(shipped_model, ids)
+    plain = iterate(core, initial_state(shipped_model, core, 0.0, 0), 128)[-1]
     found = whole.state[0]
     assert whole.converged and float(whole.residual.max()) < 1e-6
     assert float((found - plain).norm() / plain.norm()) < 1e-4
@@ -72,16 +70,18 @@ def power_iteration_modulus(f, point: torch.Tensor, steps: int = 150) -> float:
     return float(np.exp(np.mean(logs[steps // 2 :])))
 
 
-def test_power_iteration_agrees_with_arnoldi_and_lyapunov(model, ids, whole):
+def test_power_iteration_agrees_with_arnoldi_and_lyapunov(shipped_model, ids, whole):
     state = whole.state
-    spectrum = workbench.fixed_point_spectrum(model, ids, position=SETTLED, state=state, k=6)
+    spectrum = workbench.fixed_point_spectrum(
+        shipped_model, ids, position=SETTLED, state=state, k=6
+    )
     rho = float(spectrum["modulus"].iloc[0])
     assert spectrum.attrs["residual"] < 1e-5 and rho < 1
-    core = CoreMap.from_model(model, ids)
+    core = CoreMap.from_model(shipped_model, ids)
     power = power_iteration_modulus(core.block(SETTLED, state[0]), state[0, SETTLED])
     assert power == pytest.approx(rho, rel=0.02)
     lyap = workbench.lyapunov_spectrum(
-        model, ids, 60, position=SETTLED, k=1, warmup=20, state=state
+        shipped_model, ids, 60, position=SETTLED, k=1, warmup=20, state=state
     )
     assert float(lyap["exponent"].iloc[0]) == pytest.approx(np.log(rho), abs=0.02)
     print(
@@ -89,22 +89,26 @@ def test_power_iteration_agrees_with_arnoldi_and_lyapunov(model, ids, whole):
     )
 
 
-def test_attribution_splits_the_blocks_stretch(model, ids, whole):
-    frame = stretch_attribution(model, ids, position=SETTLED, num_steps=24)
+def test_attribution_splits_the_blocks_stretch(shipped_model, ids, whole):
+    frame = stretch_attribution(shipped_model, ids, position=SETTLED, num_steps=24)
     names = ["adapter", "core.0.attn", "core.0.mlp", "core.1.attn", "core.1.mlp"]
-    assert list(frame["sublayer"]) == names[: 1 + 2 * model.config.n_layers_in_recurrent_block]
-    direction = torch.zeros(model.config.n_embd)
+    assert (
+        list(frame["sublayer"]) == names[: 1 + 2 * shipped_model.config.n_layers_in_recurrent_block]
+    )
+    direction = torch.zeros(shipped_model.config.n_embd)
     direction[0] = 1.0
-    at = stretch_attribution(model, ids, position=SETTLED, state=whole.state, direction=direction)
-    core = CoreMap.from_model(model, ids)
+    at = stretch_attribution(
+        shipped_model, ids, position=SETTLED, state=whole.state, direction=direction
+    )
+    core = CoreMap.from_model(shipped_model, ids)
     block = core.block(SETTLED, whole.state[0])
     image = torch.func.jvp(block, (whole.state[0, SETTLED],), (direction,))[1]
     assert at.attrs["total"] == pytest.approx(float(image.norm().log()), abs=1e-4)
 
 
-def test_explain_dynamics_reports_every_requested_token(model, ids):
+def test_explain_dynamics_reports_every_requested_token(shipped_model, ids):
     frame = workbench.explain_dynamics(
-        model, ids, 32, k=4, kinds=("fixed_point", "orbit", "slider", "other")
+        shipped_model, ids, 32, k=4, kinds=("fixed_point", "orbit", "slider", "other")
     )
     assert list(frame["position"]) == list(range(len(ids)))
     assert frame["fixed_point_found"].all() and (frame["spectral_radius"] < 1).all()
@@ -126,19 +130,19 @@ def test_an_early_checkpoints_flip_sits_on_an_unstable_fixed_point():
     print(f"token 10 flips around an unstable fixed point, eigenvalue {source['eig_real']:.3f}")
 
 
-def test_bad_input_is_a_clear_error(model, ids):
-    h = model.config.n_embd
+def test_bad_input_is_a_clear_error(shipped_model, ids):
+    h = shipped_model.config.n_embd
     with pytest.raises(IndexError, match="out of range for a prompt of 8 tokens"):
-        workbench.fixed_point(model, ids, position=8)
+        workbench.fixed_point(shipped_model, ids, position=8)
     with pytest.raises(ValueError, match=f"larger than the dimension of the map \\(h = {h}\\)"):
-        workbench.fixed_point_spectrum(model, ids, position=0, k=h + 1)
+        workbench.fixed_point_spectrum(shipped_model, ids, position=0, k=h + 1)
     with pytest.raises(ValueError, match="state has shape"):
-        workbench.fixed_point(model, ids, state=torch.zeros(1, 7, h))
+        workbench.fixed_point(shipped_model, ids, state=torch.zeros(1, 7, h))
     bad = torch.zeros(1, 8, h)
     bad[0, 2, 3] = float("inf")
     with pytest.raises(ValueError, match="NaN or infinite"):
-        workbench.lyapunov_spectrum(model, ids, 4, state=bad)
-    stuck = workbench.fixed_point(model, ids, max_iter=2, plain_baseline=False)
+        workbench.lyapunov_spectrum(shipped_model, ids, 4, state=bad)
+    stuck = workbench.fixed_point(shipped_model, ids, max_iter=2, plain_baseline=False)
     assert stuck.converged is False and stuck.iterations == 2
 
 
@@ -148,9 +152,11 @@ DOCSTRING = (
 )
 
 
-def test_the_docstring_source_token_is_a_neutral_rotation(model):
-    ids = model.tokenizer.encode(DOCSTRING)[:7]  # causal: the first 7 tokens move as in the whole
-    frame = workbench.explain_dynamics(model, ids, 128, k=4).set_index("position")
+def test_the_docstring_source_token_is_a_neutral_rotation(shipped_model):
+    ids = shipped_model.tokenizer.encode(DOCSTRING)[
+        :7
+    ]  # causal: the first 7 tokens move as in the whole
+    frame = workbench.explain_dynamics(shipped_model, ids, 128, k=4).set_index("position")
     source = frame.loc[5]
     assert source["mechanism"] == "rotation" and source["neutral"]
     assert abs(source["lambda_1"]) <= 2 * source["lambda_1_stderr"]

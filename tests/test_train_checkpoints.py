@@ -15,30 +15,27 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from test_train_pipeline import write_config, write_corpus
 
 import recurrent_model
 from pretrain import checkpointing as ck
 from pretrain.launch import main as launch_main
 
+TINY = dict(
+    docs=60,
+    max_steps=6,
+    checkpoint_every=2,
+    keep_last=5,
+    val_every=100,
+    health_every=100,
+    export_every=2,
+    export_dtype="bfloat16",
+)
+
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_run(tiny):
     """A 6-step run with a checkpoint every 2 steps, exported every second one in bfloat16."""
-    root = tmp_path_factory.mktemp("ckpt")
-    write_corpus(root / "corpus", docs=60)
-    config = write_config(
-        root / "tiny.yaml",
-        root / "corpus",
-        root / "data",
-        max_steps=6,
-        checkpoint_every=2,
-        keep_last=5,
-        val_every=100,
-        health_every=100,
-        export_every=2,
-        export_dtype="bfloat16",
-    )
+    root, config = tiny
     run = root / "run"
     assert launch_main(["--config", str(config), "--out", str(run)]) == 0
     return root, config, run
@@ -52,8 +49,8 @@ def tree_digest(directory: Path) -> dict[str, str]:
     }
 
 
-def test_relaunch_without_resume_is_refused_and_changes_nothing(tiny, capsys):
-    _, config, run = tiny
+def test_relaunch_without_resume_is_refused_and_changes_nothing(tiny_run, capsys):
+    _, config, run = tiny_run
     before = tree_digest(run)
     capsys.readouterr()
     assert launch_main(["--config", str(config), "--out", str(run)]) == 2
@@ -62,8 +59,8 @@ def test_relaunch_without_resume_is_refused_and_changes_nothing(tiny, capsys):
     assert tree_digest(run) == before
 
 
-def test_resume_at_or_past_max_steps_says_so_and_writes_nothing(tiny, capsys):
-    _, config, run = tiny
+def test_resume_at_or_past_max_steps_says_so_and_writes_nothing(tiny_run, capsys):
+    _, config, run = tiny_run
     before = tree_digest(run)
     capsys.readouterr()
     args = ["--config", str(config), "--out", str(run), "--resume", "--max-steps", "4"]
@@ -74,8 +71,8 @@ def test_resume_at_or_past_max_steps_says_so_and_writes_nothing(tiny, capsys):
     assert tree_digest(run) == before
 
 
-def test_export_cadence_and_dtype(tiny):
-    _, _, run = tiny
+def test_export_cadence_and_dtype(tiny_run):
+    _, _, run = tiny_run
     ckpts = run / "checkpoints"
     exported = {step: ck.is_exported(ckpts / ck.step_name(step)) for step in (2, 4, 6)}
     assert exported == {2: False, 4: True, 6: True}  # every 2nd checkpoint, and the last
@@ -91,8 +88,8 @@ def test_export_cadence_and_dtype(tiny):
     assert {v.dtype for v in shards.values()} == {torch.float32}
 
 
-def test_load_model_opens_a_checkpoint_that_was_not_exported(tiny, tmp_path):
-    _, _, run = tiny
+def test_load_model_opens_a_checkpoint_that_was_not_exported(tiny_run, tmp_path):
+    _, _, run = tiny_run
     step2 = run / "checkpoints" / "step-0000002"
     before = tree_digest(step2)
     model = recurrent_model.load_model(step2, dtype=torch.float32)
@@ -106,8 +103,8 @@ def test_load_model_opens_a_checkpoint_that_was_not_exported(tiny, tmp_path):
     assert tree_digest(step2) == before  # reading the shards writes nothing
 
 
-def test_resume_from_a_checkpoint_that_was_not_exported_is_exact(tiny, tmp_path):
-    _, config, run = tiny
+def test_resume_from_a_checkpoint_that_was_not_exported_is_exact(tiny_run, tmp_path):
+    _, config, run = tiny_run
     copy = tmp_path / "copy"
     (copy / "checkpoints").mkdir(parents=True)
     import shutil
@@ -124,8 +121,8 @@ def test_resume_from_a_checkpoint_that_was_not_exported_is_exact(tiny, tmp_path)
         assert all(torch.equal(ta[k], tb[k]) for k in ta), name
 
 
-def test_step_time_spread_is_logged(tiny):
-    _, _, run = tiny
+def test_step_time_spread_is_logged(tiny_run):
+    _, _, run = tiny_run
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for r in rows:  # one rank: min = median = max = its own time
         assert r["step_time_min_s"] == r["step_time_median_s"] == r["step_time_max_s"]
@@ -268,8 +265,8 @@ def test_out_of_memory_writes_a_snapshot_on_gpu_and_says_so_on_cpu(tmp_path, mon
     assert "memory snapshot written to" in line
 
 
-def test_out_of_memory_in_a_step_is_reported_and_raised(tiny, tmp_path, monkeypatch, capsys):
-    _, config, _ = tiny
+def test_out_of_memory_in_a_step_is_reported_and_raised(tiny_run, tmp_path, monkeypatch, capsys):
+    _, config, _ = tiny_run
     import pretrain.trainer as tr
 
     def oom(self):
@@ -281,8 +278,8 @@ def test_out_of_memory_in_a_step_is_reported_and_raised(tiny, tmp_path, monkeypa
     assert "out of memory on the cpu: no memory snapshot" in capsys.readouterr().out
 
 
-def test_profile_steps_writes_a_trace(tiny, tmp_path):
-    _, config, _ = tiny
+def test_profile_steps_writes_a_trace(tiny_run, tmp_path):
+    _, config, _ = tiny_run
     run = tmp_path / "profiled"
     overrides = ["--set", "train.profile_steps=1", "--set", "train.max_steps=2"]
     assert launch_main(["--config", str(config), "--out", str(run), *overrides]) == 0
@@ -291,10 +288,12 @@ def test_profile_steps_writes_a_trace(tiny, tmp_path):
     assert any("aten::" in name for name in names)
 
 
-def test_a_failed_publish_leaves_latest_and_stops_with_a_named_error(tiny, tmp_path, monkeypatch):
+def test_a_failed_publish_leaves_latest_and_stops_with_a_named_error(
+    tiny_run, tmp_path, monkeypatch
+):
     """Synchronous saves take the same path: trainer_state.json of step 4 cannot be written, so
     step 4 is not published, ``latest`` stays on step 2 and the run exits 1 with one line."""
-    _, config, _ = tiny
+    _, config, _ = tiny_run
     import pretrain.checkpoint_manager as cm
 
     real = cm.write_state_json
@@ -336,7 +335,7 @@ def test_pruning_keeps_the_newest_exported_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("ending", ["returns", "write_fails", "raises"])
-def test_no_trainer_is_alive_when_the_process_group_goes(tiny, tmp_path, monkeypatch, ending):
+def test_no_trainer_is_alive_when_the_process_group_goes(tiny_run, tmp_path, monkeypatch, ending):
     """``train`` destroys the process group last: by then the trainer (and DDP's reducer, whose
     destructor would hang gloo's exit) must be unreachable, however the run ended."""
     import weakref
@@ -364,7 +363,7 @@ def test_no_trainer_is_alive_when_the_process_group_goes(tiny, tmp_path, monkeyp
 
     monkeypatch.setattr(tr, "Trainer", EndingTrainer)
     monkeypatch.setattr(pd, "shutdown", lambda: alive_at_shutdown.append(made[0]() is not None))
-    config = load_config(tiny[1], [])
+    config = load_config(tiny_run[1], [])
     if ending == "raises":
         with pytest.raises(RuntimeError, match="a step failed"):
             train(config, tmp_path / "run")

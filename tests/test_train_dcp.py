@@ -16,141 +16,25 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 from safetensors import safe_open
 from safetensors.torch import load_file
-from test_train_pipeline import REPO, write_config, write_corpus
 
 import recurrent_model
 from pretrain.checkpointing import SHARDS_DIR, CheckpointDirectory, read_state
 
-# Loaded by every rank through PYTHONPATH (sitecustomize): rank 0 writes the full weights and
-# optimizer state at the start of Trainer.run (right after a resume) and at its end; with
-# SLOW_CHECKPOINT set, the background writer of that checkpoint stalls after touching a marker.
-RECORDER = r"""
-import os
-if "RANK" in os.environ and os.environ.get("DCP_TEST_OUT"):
-    import time
-    import torch
-    from safetensors.torch import save_file
-    import pretrain.trainer as tr
-    from pretrain.distributed import local_optimizer
-
-    def full(t):
-        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
-
-    def dump(self, tag):
-        params = {k: full(v) for k, v in self.model.state_dict().items() if k != "lm_head.weight"}
-        optim = {}
-        for p, state in local_optimizer(self.optimizer).state.items():
-            for key, value in state.items():
-                optim[f"{self.names[id(p)]}.{key}"] = full(value)
-        if self.ctx.rank == 0:
-            out = os.environ["DCP_TEST_OUT"]
-            save_file(params, os.path.join(out, f"{tag}_params.safetensors"))
-            save_file(optim, os.path.join(out, f"{tag}_optim.safetensors"))
-
-    # FSDP2 all-gathers per module during each training step.
-    import json
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    gathers, steps = {}, []
-    _unshard = FSDPParamGroup.unshard
-    def _counting_unshard(self, async_op=False):
-        before = self._all_gather_result
-        out = _unshard(self, async_op)
-        if before is None and self._all_gather_result is not None:
-            gathers[self._module_fqn] = gathers.get(self._module_fqn, 0) + 1
-        return out
-    FSDPParamGroup.unshard = _counting_unshard
-    _train_step = tr.Trainer.train_step
-    def _counting_step(self):
-        gathers.clear()
-        record = _train_step(self)
-        steps.append({"depth": record["depth_no_grad"] + record["depth_grad"], **gathers})
-        return record
-    tr.Trainer.train_step = _counting_step
-
-    _run = tr.Trainer.run
-    def _recording_run(self):
-        dump(self, "start")
-        result = _run(self)
-        dump(self, "end")
-        if self.ctx.rank == 0:
-            with open(os.path.join(os.environ["DCP_TEST_OUT"], "gathers.json"), "w") as f:
-                json.dump(steps, f)
-        return result
-    tr.Trainer.run = _recording_run
-
-    hold = os.environ.get("HOLD_AT_STEP")
-    if hold:  # each rank writes its pid and waits before step HOLD + 1 until the test says go
-        out = os.environ["DCP_TEST_OUT"]
-        with open(os.path.join(out, "pid" + os.environ["RANK"]), "w") as f:
-            f.write(str(os.getpid()))
-        _unheld_step = tr.Trainer.train_step
-        def _held_step(self):
-            if self.step == int(hold):
-                open(os.path.join(out, "reached" + os.environ["RANK"]), "w").close()
-                while not os.path.exists(os.path.join(out, "go")):
-                    time.sleep(0.01)
-            return _unheld_step(self)
-        tr.Trainer.train_step = _held_step
-
-    import torch.distributed.checkpoint as dcp
-    slow, fail = os.environ.get("SLOW_CHECKPOINT"), os.environ.get("FAIL_CHECKPOINT")
-    this_rank = os.environ.get("SLOW_RANK", os.environ["RANK"]) == os.environ["RANK"]
-    if slow:
-        with open(os.environ["SLOW_MARKER"] + ".pid" + os.environ["RANK"], "w") as f:
-            f.write(str(os.getpid()))  # torchrun starts ranks in their own sessions
-    _write = dcp.HuggingFaceStorageWriter.write_data
-    def _patched_write(self, plan, planner):
-        if slow and slow in str(self.path) and this_rank:
-            open(os.environ["SLOW_MARKER"], "w").close()
-            time.sleep(300)
-        if fail and fail in str(self.path) and os.environ["RANK"] == os.environ["FAIL_RANK"]:
-            raise OSError("injected write failure")
-        return _write(self, plan, planner)
-    dcp.HuggingFaceStorageWriter.write_data = _patched_write
-    # Which stager each asynchronous save used (one kept across saves).
-    import pretrain.checkpointing as ck
-    _async_save = ck.dcp.async_save
-    def _recording_async_save(*args, **kwargs):
-        with open(os.path.join(os.environ["DCP_TEST_OUT"], "stagers" + os.environ["RANK"]), "a") as f:
-            f.write(f"{id(kwargs.get('async_stager'))} {type(kwargs.get('async_stager')).__name__}\n")
-        return _async_save(*args, **kwargs)
-    ck.dcp.async_save = _recording_async_save
-    # How many DistributedDataParallel modules are still alive when the process group goes.
-    import gc
-    import pretrain.distributed as pd
-    from torch.nn.parallel import DistributedDataParallel
-    _shutdown = pd.shutdown
-    def _counting_shutdown():
-        live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
-        with open(os.path.join(os.environ["DCP_TEST_OUT"], "live_ddp" + os.environ["RANK"]), "w") as f:
-            f.write(str(live))
-        _shutdown()
-    pd.shutdown = _counting_shutdown
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dcp")
-    write_corpus(root / "corpus", docs=240)
-    (root / "site").mkdir()
-    (root / "site" / "sitecustomize.py").write_text(RECORDER)
-    config = write_config(
-        root / "tiny.yaml",
-        root / "corpus",
-        root / "data",
-        max_steps=6,
-        micro_batch_size=1,
-        checkpoint_every=2,
-        keep_last=5,
-        health_every=100,
-        val_every=100,
-        val_batches=1,
-        warmup_steps=1,
-    )
-    return root, config
+# The corpus and train settings of the ``tiny`` fixture (conftest.py).
+TINY = dict(
+    docs=240,
+    max_steps=6,
+    micro_batch_size=1,
+    checkpoint_every=2,
+    keep_last=5,
+    health_every=100,
+    val_every=100,
+    val_batches=1,
+    warmup_steps=1,
+)
 
 
 def launch(
@@ -166,13 +50,13 @@ def launch(
     out.mkdir(parents=True, exist_ok=True)
     full_env = dict(
         os.environ,
-        PYTHONPATH=f"{root / 'site'}{os.pathsep}{REPO}",
+        PYTHONPATH=f"{REPO / 'tests'}{os.pathsep}{REPO}",
         DCP_TEST_OUT=str(out),
         PRETRAIN_PEAK_FLOPS="1e11",
         **(env or {}),
     )
     cmd = [sys.executable, "pretrain/launch.py", "--config", str(config), "--out", str(out)]
-    cmd += ["--nproc", str(nproc), *extra]
+    cmd += ["--nproc", str(nproc), "--callback", "rank_callbacks:checkpoint_report", *extra]
     for o in overrides:
         cmd += ["--set", o]
     if not wait:

@@ -12,74 +12,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 from safetensors.torch import load_file
-from test_train_pipeline import REPO, write_config, write_corpus
 
 from pretrain.checkpointing import read_rank_state
 
-# Loaded by every rank through PYTHONPATH (sitecustomize): records what the rank did.
-RECORDER = r"""
-import os
-if os.environ.get("TRAIN_TEST_REPORT") and "RANK" in os.environ:
-    import hashlib, json
-    import torch
-    import pretrain.trainer as tr
-
-    depths, rows = [], []
-    _sample = tr.sample_depth
-    def _recording_depth(step, *args, **kwargs):
-        d = _sample(step, *args, **kwargs)
-        depths.append([step, d.no_grad, d.grad])
-        return d
-    tr.sample_depth = _recording_depth
-
-    _run = tr.Trainer.run
-    def _recording_run(self):
-        inner = self.loader_iter
-        def recording():
-            for inputs, labels in inner:
-                rows.extend(hashlib.sha1(r.numpy().tobytes()).hexdigest() for r in inputs)
-                yield inputs, labels
-        self.loader_iter = recording()
-        result = _run(self)
-        full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in self.model.parameters()]
-        flat = torch.cat([p.detach().reshape(-1) for p in full])
-        report = {"depths": depths, "rows": rows, "world": self.ctx.world_size,
-                  "params": hashlib.sha1(flat.numpy().tobytes()).hexdigest()}
-        path = os.path.join(os.environ["TRAIN_TEST_REPORT"], f"rank{self.ctx.rank}.json")
-        with open(path, "w") as f:
-            json.dump(report, f)
-        return result
-    tr.Trainer.run = _recording_run
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist")
-    write_corpus(root / "corpus")
-    (root / "site").mkdir()
-    (root / "site" / "sitecustomize.py").write_text(RECORDER)
-    return root, write_config(
-        root / "tiny.yaml",
-        root / "corpus",
-        root / "data",
-        max_steps=4,
-        checkpoint_every=4,
-        health_every=100,
-        val_every=4,
-    )
+# The corpus and train settings of the ``tiny`` fixture (conftest.py).
+TINY = dict(max_steps=4, checkpoint_every=4, health_every=100, val_every=4)
 
 
 def launch_two_ranks(
     root: Path, config: Path, out: Path, *overrides: str, extra: tuple[str, ...] = ()
 ) -> list[dict]:
-    """Run launch.py --nproc 2 into ``out``; each rank's report (see RECORDER)."""
+    """Run launch.py --nproc 2 into ``out``; each rank's report (rank_callbacks.StepReport)."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(
         os.environ,
-        PYTHONPATH=f"{root / 'site'}{os.pathsep}{REPO}",
-        TRAIN_TEST_REPORT=str(out),
+        PYTHONPATH=f"{REPO / 'tests'}{os.pathsep}{REPO}",
         PRETRAIN_PEAK_FLOPS="1e11",
     )
     cmd = [
@@ -91,6 +40,8 @@ def launch_two_ranks(
         str(out),
         "--nproc",
         "2",
+        "--callback",
+        "rank_callbacks:StepReport",
         *extra,
     ]
     for o in overrides:
