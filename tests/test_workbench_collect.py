@@ -22,8 +22,16 @@ def test_collect_shapes_seeds_and_matches_run_with_cache(model):
         generator=torch.Generator().manual_seed(1),
     )
     raw = cache[STATE][:, 0]
-    np.testing.assert_array_equal(traj.raw_states[1], raw.numpy())
-    np.testing.assert_array_equal(traj.states[1], model.transformer.ln_f(raw).detach().numpy())
+    # the aligned layout (right-padded to 16 positions) is the unpadded forward up to rounding,
+    # and exactly the forward on the padded ids with the same s_0
+    np.testing.assert_allclose(traj.raw_states[1], raw.numpy(), rtol=1e-5, atol=1e-5)
+    padded = torch.cat([IDS, torch.zeros(16 - len(IDS), dtype=torch.long)])[None]
+    init = torch.zeros(1, 16, 64)
+    init[:, : len(IDS)] = cache[STATE][0]
+    _, aligned = model.run_with_cache(padded, num_steps=5, init_state=init, names_filter=STATE)
+    exact = aligned[STATE][:, 0, : len(IDS)]
+    np.testing.assert_array_equal(traj.raw_states[1], exact.numpy())
+    np.testing.assert_array_equal(traj.states[1], model.transformer.ln_f(exact).detach().numpy())
     assert not np.allclose(traj.states[0], traj.states[1])
 
 

@@ -90,6 +90,67 @@ def initial_states(
     return torch.stack(out)
 
 
+ALIGN = 16  # rows of a GEMM block: a prompt's rows start and end on a multiple of this
+
+
+def aligned_length(length: int, block_size: int) -> int:
+    """Positions a prompt of ``length`` tokens occupies in a batch: right-padded to a multiple of
+    ALIGN (at most ``block_size``, never below ``length``).
+
+    Right padding under causal attention leaves every real position's states unchanged in exact
+    arithmetic; CPU GEMM and attention kernels also round a row the same way whatever else is in
+    the batch once every prompt starts and ends on this grid. So a prompt's states are the same
+    bits alone, with other seeds, or beside other prompts of the same aligned length.
+    """
+    return max(length, min(-(-length // ALIGN) * ALIGN, block_size))
+
+
+@torch.no_grad()
+def run_states(
+    model: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    init: Sequence[torch.Tensor] | torch.Tensor,
+    num_steps: int,
+    on_step: Callable | None = None,
+    cache_device: torch.device | str | None = "cpu",
+) -> torch.Tensor:
+    """Raw states s_0 … s_r of several runs batched in the aligned layout: (steps + 1, B, W, h).
+
+    ``prompts`` are 1-D token ids (B of them, each aligned to the same width W), ``init`` their
+    s_0 as (T_b, h) each; positions past a prompt's length are padding (zero ids, zero s_0) and
+    hold no meaning. ``on_step(x, hook)`` is called at every state (e.g. a progress tick);
+    ``cache_device=None`` keeps the states on the model's device (no host synchronisation).
+    """
+    ids, start = aligned_batch(model, prompts, init)
+    with model.hooks([] if on_step is None else [(STATE, on_step)]):
+        _, cache = model.run_with_cache(
+            ids,
+            num_steps=num_steps,
+            init_state=start,
+            names_filter=STATE,
+            cache_device=cache_device,
+        )
+    return cache[STATE].float()
+
+
+def aligned_batch(
+    model: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    init: Sequence[torch.Tensor] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, s_0) on the model's device, right-padded to the prompts' one aligned length."""
+    block = model.config.block_size
+    width = max(aligned_length(len(p), block) for p in prompts)
+    if any(aligned_length(len(p), block) != width for p in prompts):
+        raise ValueError("run_states batches prompts of one aligned length only")
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    start = torch.zeros(len(prompts), width, model.config.n_embd, dtype=model.dtype)
+    for row, (prompt, s0) in enumerate(zip(prompts, init)):
+        ids[row, : len(prompt)] = prompt
+        start[row, : len(prompt)] = s0[: len(prompt)]
+    return ids.to(model.device), start.to(model.device)
+
+
 def _ticker(on_progress: ProgressFn, start: int, stop: int, num_steps: int, total: int):
     """A hook on core.hook_state reporting (runs before the batch + iterations done) / total."""
 
@@ -117,7 +178,8 @@ def collect(
 ) -> Trajectory:
     """Run ``input_ids`` for ``num_steps`` core iterations per (seed, init scale); keep s_0 … s_r.
 
-    Runs are batched ``batch_size`` at a time. ``dtype`` (float32 or float16) is the storage type.
+    Runs are batched ``batch_size`` at a time, in the aligned layout of :func:`run_states`, so a
+    run's states do not depend on the batch it ran in. ``dtype`` (float32 or float16) is the storage type.
     ``max_bytes`` caps the memory the result may take (default: 80% of what is available); a
     request over it raises ``TrajectoryTooLarge`` naming the size before any work is done.
     ``on_progress(done, total)`` is called after every core iteration of every batch, counting
@@ -145,29 +207,15 @@ def collect(
 
     raw = np.empty((len(plan), num_steps + 1, T, h), dtype=dtype)
     init = initial_states(model, plan, (T, h))
-    device = model.device
     batches = range(0, len(plan), batch_size)
     total = len(plan) * num_steps
     if on_progress is not None:
         on_progress(0, total)
     for start in tqdm(batches, desc=f"collect {model.name}", disable=not progress, leave=False):
         stop = min(start + batch_size, len(plan))
-        batch_ids = ids.expand(stop - start, T).to(device)
-        ticks = (
-            []
-            if on_progress is None
-            else [(STATE, _ticker(on_progress, start, stop, num_steps, total))]
-        )
-        with model.hooks(ticks):
-            _, cache = model.run_with_cache(
-                batch_ids,
-                num_steps=num_steps,
-                init_state=init[start:stop].to(device),
-                names_filter=STATE,
-                cache_device="cpu",
-            )
-        states = cache[STATE].float()  # (steps + 1, B, T, h)
-        raw[start:stop] = states.permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
+        ticks = None if on_progress is None else _ticker(on_progress, start, stop, num_steps, total)
+        states = run_states(model, [ids[0]] * (stop - start), init[start:stop], num_steps, ticks)
+        raw[start:stop] = states[:, :, :T].permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
 
     tokens = token_strings(model, ids[0].tolist())
     return Trajectory(
@@ -206,11 +254,12 @@ def collect_sublayers(
     )
     names = [f"core.{j}.hook_resid_post" for j in range(n_core)]
     init = initial_states(model, [(seed, float(init_scale))], (T, h))
+    batch, start = aligned_batch(model, [ids[0]], init)  # the layout of ``collect``
     _, cache = model.run_with_cache(
-        ids.to(model.device),
+        batch,
         num_steps=num_steps,
-        init_state=init.to(model.device),
+        init_state=start,
         names_filter=lambda name: name in names,
         cache_device="cpu",
     )
-    return torch.stack([cache[n][:, 0].float() for n in names], dim=1).numpy()
+    return torch.stack([cache[n][:, 0, :T].float() for n in names], dim=1).numpy()

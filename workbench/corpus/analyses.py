@@ -1,0 +1,144 @@
+"""What the corpus engine computes for each (prompt, seed) run: the same functions the app runs on
+one prompt, applied to a batch's states.
+
+- dynamics: ``classify_dynamics`` on the run's normalised states (kind, period, flip, settled,
+  final_step_size, angular_speed, drift_speed), the token's category, and steps_to_converge
+  (the first step after which the relative step stays below ``eps``; NaN if never);
+- lens: the coda lens's KL to the final prediction and its entropy at chosen steps;
+- seeds: the spread of the seeds' final states (mean pairwise distance / mean norm) and whether
+  every seed gives the token the same kind;
+- stability: each token's λ_1 (its Jacobian block along the trajectory from s_0 = 0) with its
+  standard error and whether it is neutral.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..dynamics import classify_dynamics
+from ..lenses import lens_logits
+from ..path_independence import _pairwise_mean_distance
+from ..trajectory import rms_normalize
+from .heldout import token_category
+from .units import Tokenized
+
+ANALYSES = ("dynamics", "lens", "seeds", "stability")
+DYNAMICS_COLUMNS = [
+    "token", "kind", "period", "flip", "settled", "final_step_size", "angular_speed", "drift_speed"
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The analysis settings of a corpus run (all part of its identity)."""
+
+    num_steps: int
+    seeds: tuple[int, ...]
+    analyses: tuple[str, ...] = ("dynamics",)
+    lens_steps: tuple[int, ...] = ()
+    init_scale: float = 1.0
+    eps: float = 1e-2
+
+    def __post_init__(self) -> None:
+        unknown = set(self.analyses) - set(ANALYSES)
+        if unknown or "dynamics" not in self.analyses:
+            raise ValueError(
+                f"analyses must include dynamics and be among {', '.join(ANALYSES)}; got "
+                f"{', '.join(self.analyses)}"
+            )
+        if self.num_steps < 8:
+            raise ValueError(f"--num-steps must be >= 8 (the dynamics tail), got {self.num_steps}")
+        if "seeds" in self.analyses and len(self.seeds) < 2:
+            raise ValueError("the seeds analysis compares seeds: give at least 2 with --seeds")
+        bad = [s for s in self.lens_steps if not 0 <= s <= self.num_steps]
+        if bad:
+            raise ValueError(f"--lens-steps must lie in 0..{self.num_steps}, got {bad}")
+
+
+def steps_to_converge(states: np.ndarray, eps: float) -> np.ndarray:
+    """Per position of states (steps + 1, T, h): the first step i from which every relative step
+    ‖z_j − z_{j−1}‖/‖z_j‖ (j ≥ i) is below ``eps`` (1 if all are); NaN when the last one is not."""
+    z = states.astype(np.float64)
+    rel = np.linalg.norm(np.diff(z, axis=0), axis=-1) / np.linalg.norm(z[1:], axis=-1)
+    above = ~(rel < eps)  # (steps, T); step j + 1 for row j
+    steps = rel.shape[0]
+    last = np.where(above.any(axis=0), steps - 1 - np.argmax(above[::-1], axis=0), -1)
+    out = (last + 2).astype(np.float64)  # the step after the last one above
+    out[last == steps - 1] = np.nan
+    return out
+
+
+def dynamics_rows(
+    run: Tokenized, seed: int, states: np.ndarray, tokens: list[str], eps: float
+) -> pd.DataFrame:
+    """The dynamics columns of one (prompt, seed) run from its normalised states (steps + 1, T, h)."""
+    frame = classify_dynamics(states, tokens=tokens)[DYNAMICS_COLUMNS].reset_index(drop=True)
+    source = run.prompt.source
+    frame.insert(0, "position", np.arange(len(tokens), dtype=np.int32))
+    frame.insert(0, "seed", np.int32(seed))
+    frame.insert(0, "prompt_id", run.prompt.id)
+    frame.insert(0, "source", source)
+    frame.insert(5, "token_id", np.asarray(run.ids, dtype=np.int64))
+    frame["category"] = [token_category(t, source) for t in tokens]
+    frame["steps_to_converge"] = steps_to_converge(states, eps)
+    frame["difficulty"] = run.prompt.difficulty
+    return frame
+
+
+@torch.no_grad()
+def lens_columns(
+    model: torch.nn.Module, raw: torch.Tensor, steps: Sequence[int]
+) -> dict[str, np.ndarray]:
+    """Coda-lens KL to the final prediction and entropy at ``steps``, from raw states
+    (steps + 1, T, h) on the model's device: ``lens_kl_{s}`` and ``lens_entropy_{s}`` (T,) each."""
+    final = torch.log_softmax(lens_logits(model, raw[-1:], "coda")[0], dim=-1)
+    logp = torch.log_softmax(lens_logits(model, raw[list(steps)], "coda"), dim=-1)
+    kl = (final.exp() * (final - logp)).sum(-1).clamp_min(0.0)
+    entropy = -(logp.exp() * logp).sum(-1)
+    out: dict[str, np.ndarray] = {}
+    for i, step in enumerate(steps):
+        out[f"lens_kl_{step}"] = kl[i].float().cpu().numpy()
+        out[f"lens_entropy_{step}"] = entropy[i].float().cpu().numpy()
+    return out
+
+
+def seed_columns(finals: np.ndarray, kinds: np.ndarray) -> dict[str, np.ndarray]:
+    """From the seeds' final normalised states (n_seeds, T, h) and kinds (n_seeds, T): ``seed_spread``
+    (mean pairwise distance / mean norm) and ``seed_kinds_agree``."""
+    distance = _pairwise_mean_distance(finals)
+    norm = np.linalg.norm(finals, axis=-1).mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = distance / norm
+    return {"seed_spread": spread, "seed_kinds_agree": (kinds == kinds[:1]).all(axis=0)}
+
+
+def stability_columns(model, run: Tokenized, num_steps: int) -> dict[str, np.ndarray]:
+    """λ_1 of every token's Jacobian block along the s_0 = 0 trajectory, with its error."""
+    from ..core_map import problems
+    from ..lyapunov import token_exponent_table
+
+    rows, _ = problems(model, torch.tensor(run.ids), None, 0, 0.0, 0)
+    table = token_exponent_table(rows[0].map, rows[0].start, num_steps)
+    return {
+        "lambda_1": table["exponent"].to_numpy(),
+        "lambda_1_stderr": table["stderr"].to_numpy(),
+        "lambda_1_neutral": table["neutral"].to_numpy(),
+    }
+
+
+def normalise(model: torch.nn.Module, raw: np.ndarray) -> np.ndarray:
+    """ln_f of raw states, exactly as ``Trajectory.states`` computes it."""
+    ln_f = model.transformer.ln_f
+    weight = ln_f.weight.detach().float().cpu().numpy()
+    return rms_normalize(raw, weight, float(ln_f.eps))
+
+
+def default_lens_steps(num_steps: int, mean_recurrence: int) -> tuple[int, ...]:
+    """Default lens steps: 1, a quarter of r̄, r̄ and the last step below the final one."""
+    picks = {1, max(1, mean_recurrence // 4), min(mean_recurrence, num_steps - 1)}
+    return tuple(sorted(s for s in picks if 0 < s < num_steps)) or (max(0, num_steps - 1),)
