@@ -316,14 +316,10 @@ class Trainer:
     def autocast(self) -> contextlib.AbstractContextManager:
         return self.precision.autocast()
 
-    def train_step(self) -> dict[str, Any]:
-        """Forward/backward over grad_accum micro-batches at the lock-step depth, then one update."""
+    def _forward_backward(self, depth: Any) -> torch.Tensor:
+        """Forward and backward of the grad_accum micro-batches at ``depth``, each under the
+        strategy's sync context, then the strategy's after-backward; returns the summed loss."""
         t = self.train_cfg
-        depth = sample_depth(
-            self.step, self.model_config.mean_recurrence, self.config.backprop_depth, seed=t.seed
-        )
-        self.wrapped.train()
-        start = time.perf_counter()
         total_loss = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum):
             inputs, labels = next(self.loader_iter)
@@ -343,6 +339,17 @@ class Trainer:
             loss.backward()
             total_loss += loss.detach()
         self.strategy.after_backward(self.model, self.params, self.ctx)
+        return total_loss
+
+    def train_step(self) -> dict[str, Any]:
+        """Forward/backward over grad_accum micro-batches at the lock-step depth, then one update."""
+        t = self.train_cfg
+        depth = sample_depth(
+            self.step, self.model_config.mean_recurrence, self.config.backprop_depth, seed=t.seed
+        )
+        self.wrapped.train()
+        start = time.perf_counter()
+        total_loss = self._forward_backward(depth)
         grad_norm = global_grad_norm(self.params)
         lr = self.schedule.apply(self.optimizer, self.step)
         skipped = not math.isfinite(grad_norm)
