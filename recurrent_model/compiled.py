@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.compile_fx import compile_fx
 
 from . import functional as fn
 from . import stack
@@ -218,6 +217,8 @@ class _RecordingInductor:
         self.captured: _Captured | None = None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        from torch._inductor.compile_fx import compile_fx  # the compiler loads on first use only
+
         run = compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
         try:
             placeholders = gm.graph.find_nodes(op="placeholder")

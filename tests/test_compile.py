@@ -9,6 +9,15 @@ import recurrent_model as rm
 from recurrent_model import hook_names
 
 
+def test_importing_recurrent_model_loads_no_compiler():
+    import subprocess
+    import sys
+
+    code = "import sys, recurrent_model; print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_compiled_blocks_match_eager_and_keep_hooks():
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
