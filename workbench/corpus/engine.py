@@ -105,10 +105,10 @@ def batch_token_budget(model: rm.RecurrentLM, num_steps: int, cap: int | None) -
 
 
 def analyse_batch(
-    model: rm.RecurrentLM, runs: list[Run], settings: Settings
+    model: rm.RecurrentLM, runs: list[Run], settings: Settings, tick=None
 ) -> tuple[list[pd.DataFrame], dict[str, np.ndarray]]:
     """Run one batch and analyse every (prompt, seed) run in it: its rows, and each prompt's final
-    normalised state per seed (for the seeds analysis)."""
+    normalised state per seed (for the seeds analysis). ``tick(tokens)`` after each run."""
     h = model.config.n_embd
     init = [
         initial_states(model, [(seed, settings.init_scale)], (len(item.ids), h))[0]
@@ -127,6 +127,8 @@ def analyse_batch(
             frame = frame.assign(**lens)
         frames.append(frame)
         finals[f"{item.prompt.id}:{seed}"] = states[-1]
+        if tick is not None:
+            tick(length)
     return frames, finals
 
 
@@ -137,11 +139,9 @@ def analyse_unit(
     frames: list[pd.DataFrame] = []
     finals: dict[str, np.ndarray] = {}
     for runs in batches(unit, settings.seeds, model.config.block_size, batch_tokens):
-        got, last = analyse_batch(model, runs, settings)
+        got, last = analyse_batch(model, runs, settings, tick)
         frames += got
         finals.update(last)
-        if tick is not None:
-            tick(sum(len(item.ids) for item, _ in runs))
     frame = pd.concat(frames, ignore_index=True)
     order = {t.prompt.id: i for i, t in enumerate(unit.prompts)}
     frame = frame.sort_values(

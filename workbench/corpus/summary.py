@@ -84,6 +84,22 @@ def orbit_prone_tokens(frame: pd.DataFrame, top: int = 15) -> pd.DataFrame:
     return table.head(top).reset_index()
 
 
+def runs_by_orbit_share(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per group (source, or depth task kind): the share of (prompt, seed) runs whose tokens orbit
+    not at all / < 20 % / 20-80 % / > 80 %, and the median position of the first orbiting token
+    (is an orbit a property of the context?)."""
+    keys = [frame["group"], frame["prompt_id"], frame["seed"]]
+    orbit = (frame["kind"] == "orbit").groupby(keys).mean()
+    bins = pd.cut(orbit, [-0.01, 0.0, 0.2, 0.8, 1.0], labels=["none", "<20%", "20-80%", ">80%"])
+    table = pd.crosstab(orbit.index.get_level_values(0), bins, normalize="index")
+    table = table.reindex(columns=list(bins.cat.categories), fill_value=0.0)
+    orbits = frame[frame["kind"] == "orbit"]
+    first = orbits.groupby(["group", "prompt_id", "seed"])["position"].min()
+    table["median_first_orbit_position"] = first.groupby(level=0).median()
+    table.index.name = "group"
+    return table
+
+
 def lambda_quantiles(frame: pd.DataFrame) -> pd.DataFrame | None:
     """λ_1 quantiles per source (one value per prompt position: seed 0's rows), with the share of
     neutral tokens; None without the stability analysis."""
@@ -109,6 +125,7 @@ def summary(out: str | Path) -> dict[str, Any]:
         "by_category": shares(frame, "category"),
         "by_group": shares(frame, "group"),
         "by_seed": shares(frame, "seed"),
+        "runs_by_orbit_share": runs_by_orbit_share(frame),
         "periods": period_histogram(frame),
         "steps_by_source": convergence_steps(frame, "source"),
         "steps_by_difficulty": convergence_steps(
@@ -152,6 +169,7 @@ def markdown(tables: dict[str, Any]) -> str:
     titled = [
         ("Overall", "overall"), ("By source", "by_source"), ("By task group", "by_group"),
         ("By token category", "by_category"), ("By seed", "by_seed"),
+        ("Runs (prompt × seed) by the share of their tokens on orbits", "runs_by_orbit_share"),
         ("Steps to converge by source", "steps_by_source"),
         ("Steps to converge by difficulty", "steps_by_difficulty"),
         ("Tokens most often on orbits", "orbit_prone_tokens"), ("λ_1 by source", "lambda_1"),

@@ -1,0 +1,121 @@
+"""Corpus engine throughput, from one run on this machine (docs/performance.md, docs/corpus.md).
+
+Prints, on the shipped checkpoint and the held-out sets:
+- tokens analysed per second (token × seed runs) for dynamics + lens, as a fraction of a plain
+  batched forward at the same depth and batches (goal: ≥ 80 %); the seeds and stability analyses
+  separately;
+- the plain forward against the matmul floor: the cost model's FLOPs at the F.linear speed this
+  machine measures at the model's shapes;
+- one process against 2 gloo ranks (the CLI end to end, both measured here);
+- an estimate at the Huginn-0125 shape: the cost model's FLOPs per token over the F.linear speed
+  measured at its shapes in bf16 on this CPU (an estimate, labelled so).
+
+    .venv/bin/python bench/bench_corpus.py [--per-source 6] [--steps 128] [--skip-ranks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import recurrent_model as rm  # noqa: E402
+from recurrent_model.speed import linear_speed  # noqa: E402
+from workbench.collect import initial_states, run_states  # noqa: E402
+from workbench.corpus import read_prompts  # noqa: E402
+from workbench.corpus.analyses import Settings, default_lens_steps  # noqa: E402
+from workbench.corpus.engine import analyse_unit, batch_token_budget  # noqa: E402
+from workbench.corpus.units import batches, make_units, tokenize  # noqa: E402
+
+
+def forward_only(model, units, settings, budget) -> tuple[float, int]:
+    """Seconds and token runs of the plain batched forward over the same batches."""
+    h, runs_done, started = model.config.n_embd, 0, time.perf_counter()
+    for unit in units:
+        for runs in batches(unit, settings.seeds, model.config.block_size, budget):
+            init = [initial_states(model, [(s, 1.0)], (len(t.ids), h))[0] for t, s in runs]
+            run_states(
+                model,
+                [torch.tensor(t.ids) for t, _ in runs],
+                init,
+                settings.num_steps,
+                cache_device=None,
+            )
+            runs_done += sum(len(t.ids) for t, _ in runs)
+    return time.perf_counter() - started, runs_done
+
+
+def engine(model, units, settings, budget) -> tuple[float, int]:
+    started = time.perf_counter()
+    rows = sum(len(analyse_unit(model, u, settings, budget)) for u in units)
+    return time.perf_counter() - started, rows
+
+
+def cli_seconds(nproc: int, out: Path, args) -> float:
+    cmd = [sys.executable, "-m", "workbench.corpus", "run", "--out", str(out), "--nproc", str(nproc),
+           "--per-source", str(args.per_source), "--max-tokens", "64", "--num-steps", str(args.steps)]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--per-source", type=int, default=6)
+    p.add_argument("--steps", type=int, default=128)
+    p.add_argument("--skip-ranks", action="store_true", help="skip the 1 vs 2 rank CLI runs")
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    model = rm.load_model(ROOT / "checkpoints" / "default")
+    prompts = read_prompts("heldout", per_source=args.per_source)
+    tokenized, _ = tokenize(prompts, model.tokenizer, model.config.block_size, 64)
+    units = make_units(tokenized, 2048)
+    steps, r = args.steps, model.config.mean_recurrence
+    budget = batch_token_budget(model, steps, None)
+    tokens = sum(u.tokens for u in units)
+    print(f"shipped model ({model.config.name}, h={model.config.n_embd}), {len(tokenized)} prompts, "
+          f"{tokens} tokens, {steps} steps, batch budget {budget} positions, {torch.get_num_threads()} threads")  # fmt: skip
+    base = Settings(steps, (0,), ("dynamics",))
+    fwd_s, fwd_n = forward_only(model, units, base, budget)
+    fwd_rate = fwd_n / fwd_s
+    mean_len = round(tokens / len(tokenized))
+    flops = model.config.cost.forward_flops_per_token(mean_len, steps) * fwd_n
+    speed = linear_speed(model, rows=budget)
+    print(f"plain batched forward: {fwd_rate:8.1f} tok/s ({flops / fwd_s / 1e9:.1f} GFLOP/s; "
+          f"F.linear at the model's shapes: {speed.gflops:.1f} GFLOP/s → {flops / fwd_s / speed.flops_per_second:.0%} of the matmul floor)")  # fmt: skip
+    lens = Settings(steps, (0,), ("dynamics", "lens"), default_lens_steps(steps, r))
+    for name, settings, subset in (
+        ("dynamics + lens", lens, units),
+        ("dynamics only", base, units),
+        ("+ seeds (3 seeds)", Settings(steps, (0, 1, 2), ("dynamics", "seeds")), units),
+    ):
+        s, n = engine(model, subset, settings, budget)
+        print(f"{name:18s}: {n / s:8.1f} tok/s = {n / s / fwd_rate:.0%} of the plain forward")
+    one = make_units(tokenized[:2], 2048)
+    s, n = engine(model, one, Settings(steps, (0,), ("dynamics", "stability")), budget)
+    print(
+        f"{'+ stability':18s}: {n / s:8.1f} tok/s = {n / s / fwd_rate:.1%} of the plain forward (2 prompts)"
+    )
+    huginn = rm.preset("huginn-0125")
+    big = linear_speed(config=huginn, rows=256, dtype="bfloat16")
+    per_token = huginn.cost.forward_flops_per_token(64, steps)
+    print(f"Huginn-0125 shape, ESTIMATE (not run): {per_token / 1e9:.0f} GFLOP per token at {steps} steps; "
+          f"bf16 F.linear here {big.gflops:.1f} GFLOP/s → {big.flops_per_second / per_token:.3f} tok/s per CPU rank")  # fmt: skip
+    if not args.skip_ranks:
+        with tempfile.TemporaryDirectory() as tmp:
+            one_s = cli_seconds(1, Path(tmp) / "one", args)
+            two_s = cli_seconds(2, Path(tmp) / "two", args)
+        print(f"CLI end to end, {tokens} tokens: 1 process {one_s:.1f} s, 2 gloo ranks {two_s:.1f} s "
+              f"({one_s / two_s:.2f}× on this {torch.get_num_threads()}-thread machine)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
