@@ -250,3 +250,39 @@ def test_token_exponent_table_has_errors():
     assert table["exponent"].iloc[1] == pytest.approx(np.log(0.6))
     assert np.allclose(token_exponents(rows, torch.ones(2, 2, dtype=torch.float64), 60),
                        table["exponent"])  # fmt: skip
+
+
+def test_a_pure_rescaling_contributes_nothing_to_the_relative_attribution():
+    from workbench.core_map import SubLayer
+    from workbench.stretch_attribution import sublayer_stretches
+
+    rng = np.random.default_rng(3)
+    mix = torch.tensor(rng.standard_normal((H, H)) / np.sqrt(H))
+    norm = lambda x: x / x.pow(2).mean(-1, keepdim=True).sqrt()  # noqa: E731  (an RMSNorm)
+
+    class StandIn:
+        """A map of three pieces: a mixing layer, a pure ×3.5 rescaling, and an RMSNorm."""
+
+        shape = (1, H)
+
+        def __init__(self, scale: float) -> None:
+            self.scale = scale
+
+        def sublayers(self) -> list[SubLayer]:
+            return [SubLayer("mix", "h.mix", lambda x: torch.tanh(x @ mix.T)),
+                    SubLayer("rescale", "h.rescale", lambda x: self.scale * x),
+                    SubLayer("norm", "h.norm", norm)]  # fmt: skip
+
+    state, tangent = (torch.tensor(rng.standard_normal((1, H))) for _ in range(2))
+    frame = sublayer_stretches(StandIn(3.5), state, tangent, None)
+    plain = sublayer_stretches(StandIn(1.0), state, tangent, None)
+    assert np.allclose(frame["relative"], plain["relative"], atol=1e-12)  # invariant to the scale
+    assert not np.allclose(frame["log_stretch"], plain["log_stretch"])  # the absolute split is not
+    rows = frame.set_index("sublayer")
+    assert rows.loc["rescale", "relative"] == pytest.approx(0.0, abs=1e-12)
+    assert rows.loc["rescale", "log_stretch"] == pytest.approx(np.log(3.5))  # absolute: scale-bound
+    assert np.allclose(frame["log_stretch"], frame["relative"] + frame["log_scale"])
+    out = norm(3.5 * torch.tanh(state @ mix.T))
+    growth = float(np.log(out.norm() / state.norm()))
+    assert frame["relative"].sum() == pytest.approx(frame["log_stretch"].sum() - growth)
+    assert list(frame.columns[:4]) == ["sublayer", "hook", "relative", "relative_cumulative"]

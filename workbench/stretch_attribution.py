@@ -3,9 +3,15 @@
 A tangent v at s passes the iteration's pieces in turn (the adapter, then each core layer's attention
 and MLP, each with its norms); the chain rule splits its log-stretch exactly:
 log(‖J v‖/‖v‖) = Σ_sub log(‖J_sub v_in‖/‖v_in‖), v_in being the tangent as it enters that piece.
-Large opposite terms that nearly cancel locate where the contraction is negotiated (the published
-finding puts it between the adapter and the first core block). The default direction is the leading
-Lyapunov vector at the trajectory's end, so the total is λ_1's stretch in that step.
+
+That *absolute* split depends on the scale of the space between pieces: a piece that multiplies its
+output by c, undone by a following norm, gets +log c and the norm −log c, with nothing contracted.
+The primary view is therefore *relative*: per piece log((‖δy‖/‖y‖) / (‖δx‖/‖x‖)), the stretch of the
+perturbation measured against the state it perturbs, which gives a pure rescaling 0. The two views
+differ per piece by log(‖y‖/‖x‖) (``log_scale``); their totals differ by log(‖F(s)‖/‖s‖), which is
+≈ 0 on an attractor. Opposite absolute terms are not a cancellation unless the relative terms show
+it too. The default direction is the leading Lyapunov vector at the trajectory's end, so the
+absolute total is λ_1's stretch in that step.
 """
 
 from __future__ import annotations
@@ -44,14 +50,26 @@ def sublayer_stretches(
     with differentiable_attention():
         for sub in core.sublayers():
             y, jv = jvp(sub.apply, (x,), (v,))
-            size_in, size_out = float(v[0, row].double().norm()), float(jv[0, row].double().norm())
             records.append(
-                {"sublayer": sub.name, "hook": sub.hook, "log_stretch": np.log(size_out / size_in)}
+                piece_terms(sub.name, sub.hook, x[0, row], y[0, row], v[0, row], jv[0, row])
             )
             x, v = y.detach(), jv.detach()
     frame = pd.DataFrame(records)
+    frame.insert(3, "relative_cumulative", frame["relative"].cumsum())
     frame["cumulative"] = frame["log_stretch"].cumsum()
     return frame
+
+
+def piece_terms(
+    name: str, hook: str, x: torch.Tensor, y: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor
+) -> dict[str, object]:
+    """One piece's terms: ``relative`` log((‖δy‖/‖y‖)/(‖δx‖/‖x‖)), ``log_stretch`` (absolute)
+    log(‖δy‖/‖δx‖) and ``log_scale`` log(‖y‖/‖x‖), so that log_stretch = relative + log_scale."""
+    norm = lambda t: float(t.double().norm())  # noqa: E731
+    stretch = np.log(norm(dy) / norm(dx))
+    scale = np.log(norm(y) / norm(x))
+    return {"sublayer": name, "hook": hook, "relative": stretch - scale, "log_stretch": stretch,
+            "log_scale": scale}  # fmt: skip
 
 
 def stretch_attribution(
@@ -71,7 +89,10 @@ def stretch_attribution(
     recurrence) from s_0 (or from ``state``) gives the point (its last state) and the direction (the
     leading Lyapunov vector there). With ``direction``: at ``state``, or at s_num_steps without it. Columns
     ``sublayer`` (adapter, core.j.attn, core.j.mlp), ``hook`` (the activation the piece produces),
-    ``log_stretch`` and ``cumulative``; ``attrs["total"]`` is the whole iteration's log-stretch.
+    ``relative`` and ``relative_cumulative`` (the scale-free view, primary), ``log_stretch`` and
+    ``cumulative`` (the absolute view), ``log_scale`` (log ‖y‖/‖x‖ of the state through the piece).
+    ``attrs["total"]`` is the whole iteration's absolute log-stretch, ``attrs["total_relative"]``
+    the relative one (they differ by log ‖F(s)‖/‖s‖).
     """
     if not isinstance(model, rm.RecurrentLM):
         raise TypeError(f"stretch_attribution needs a RecurrentLM, got {type(model).__name__}")
@@ -97,4 +118,5 @@ def stretch_attribution(
         raise ValueError("direction is zero: a stretch needs a nonzero tangent")
     frame = sublayer_stretches(p.map, point, direction, position)
     frame.attrs["total"] = float(frame["log_stretch"].sum())
+    frame.attrs["total_relative"] = float(frame["relative"].sum())
     return frame

@@ -84,17 +84,27 @@ def running_exponent(running: np.ndarray, warmup: int = 0, title: str = "running
 
 
 def attribution_bars(attribution: pd.DataFrame, title: str | None = None) -> go.Figure:
-    """``stretch_attribution``'s log-stretch per sub-layer, with the running sum as a line."""
+    """``stretch_attribution`` per sub-layer: the scale-free ``relative`` terms as bars with their
+    running sum (primary), the absolute ``log_stretch`` as grey bars beside them when present."""
     _require(attribution, ("sublayer", "log_stretch", "cumulative"), "attribution_bars")
-    colors = np.where(attribution["log_stretch"] > 0, "crimson", "royalblue")
-    fig = go.Figure(go.Bar(x=attribution["sublayer"], y=attribution["log_stretch"], marker_color=colors,
-                           name="log-stretch", hovertemplate="%{x}: %{y:.4f}<extra></extra>"))  # fmt: skip
-    fig.add_trace(go.Scatter(x=attribution["sublayer"], y=attribution["cumulative"], mode="lines+markers",
-                             name="cumulative", line=dict(color="black")))  # fmt: skip
-    total = float(attribution["log_stretch"].sum())
+    if "relative" not in attribution:  # an older frame: the absolute view only
+        attribution = attribution.assign(relative=attribution["log_stretch"],
+                                         relative_cumulative=attribution["cumulative"])  # fmt: skip
+    colors = np.where(attribution["relative"] > 0, "crimson", "royalblue")
+    x = attribution["sublayer"]
+    fig = go.Figure(go.Bar(x=x, y=attribution["relative"], marker_color=colors,
+                           name="relative: log((‖δy‖/‖y‖)/(‖δx‖/‖x‖))",
+                           hovertemplate="%{x}: %{y:.4f}<extra>relative</extra>"))  # fmt: skip
+    fig.add_trace(go.Bar(x=x, y=attribution["log_stretch"], marker_color="lightgrey",
+                         name="absolute: log(‖δy‖/‖δx‖), scale-dependent",
+                         hovertemplate="%{x}: %{y:.4f}<extra>absolute</extra>"))  # fmt: skip
+    fig.add_trace(go.Scatter(x=x, y=attribution["relative_cumulative"], mode="lines+markers",
+                             name="relative, cumulative", line=dict(color="black")))  # fmt: skip
+    total = float(attribution["relative"].sum())
     fig.update_layout(
-        title=title or f"log-stretch of the leading direction per sub-layer (total {total:.4f})",
-        height=380, xaxis=dict(title="sub-layer", type="category"), yaxis_title="log(‖J v‖ / ‖v‖)",
+        title=title or f"stretch of the leading direction per sub-layer (relative total {total:.4f})",
+        height=380, barmode="group", xaxis=dict(title="sub-layer", type="category"),
+        yaxis_title="log-stretch per sub-layer",
     )  # fmt: skip
     return fig
 
