@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,10 @@ import torch
 
 import recurrent_model
 import workbench
+from recurrent_model import speed
+from recurrent_model.speed import Speed
 from recurrent_model.standin import DEFAULT_CHECKPOINT, default_model
-from recurrent_model.threads import threads_for
+from recurrent_model.threads import SINGLE_THREAD_PARAMS, single_thread, threads_for
 from workbench._frames import token_display_strings
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.dynamics import rotation_plane
@@ -123,14 +126,22 @@ class TaskProgress:
         )
 
     def text(self, done: int, total: int, seconds: float) -> str:
+        """Done so far, and the time left: extrapolated from the action's own pace once a part
+        is done, from the estimate before."""
+        first = f"estimated {self.guess.seconds:.0f} s at the start"
+        if done <= 0:
+            return f"{self.what}: 0/{total} {self.unit} · {seconds:.0f} s of an {first}"
+        left = seconds / done * max(total - done, 0)
         return (
-            f"{self.what}: {done}/{total} {self.unit} · {seconds:.0f} s of an "
-            f"estimated {self.guess.seconds:.0f} s"
+            f"{self.what}: {done}/{total} {self.unit} · {seconds:.0f} s, about {left:.0f} s "
+            f"left ({first})"
         )
 
     def finish(self) -> None:
+        """The action ran to its end: its time calibrates the next estimate of the same kind."""
         self.elapsed = time.perf_counter() - self._t0
         self._bar.empty()
+        self.guess.done(self.elapsed)
 
 
 class CollectProgress(TaskProgress):
@@ -165,45 +176,73 @@ def trajectory(
     return traj
 
 
-COLLECT_BATCH = 8  # runs per forward in workbench.collect
-
-
-def probe_speed(model, tokens: int, runs: int) -> float:
-    """FLOP/s of this device in the model's dtype for a batch like the collection's (cached in
-    `cost.matmul_flops_per_second`), measured with the model's thread settings."""
-    dtype = str(model.dtype).removeprefix("torch.")
-    rows = tokens * max(1, min(runs, COLLECT_BATCH))
+def measured_speed(model, rows: int) -> Speed:
+    """This machine's F.linear speed on the model's own weights for ``rows`` token states, with
+    the model's thread settings (``recurrent_model.speed``: measured again when stale)."""
     with threads_for(model):
-        return cost.matmul_flops_per_second(str(model.device), dtype, rows, model.config.n_embd)
+        return speed.linear_speed(model, max(1, rows))
 
 
-def estimate(model, tokens: int, num_steps: int, runs: int, overhead: float) -> cost.CostEstimate:
-    """The estimated cost of a collection on this device (see apps/cost.py)."""
-    speed = probe_speed(model, tokens, runs)
-    return cost.estimate_seconds(model.config, tokens, num_steps, runs, speed, overhead)
+def call_seconds(model) -> float:
+    """Seconds one block call costs beyond its matmuls here, with the model's thread settings."""
+    with threads_for(model):
+        return speed.call_overhead(str(model.device), model.dtype).seconds
 
 
 def estimate_flops(
-    model, flops: float, rows: int, overhead: float | None = None
+    model, flops: float, rows: int, calls: int = 0, action: str = "", extra_seconds: float = 0.0
 ) -> cost.CostEstimate:
-    """The estimated time of ``flops`` on this device, probed at ``rows`` token states per matmul
-    (a heavy action's batch); ``overhead`` defaults to the device's uncalibrated one."""
+    """The estimated time of ``flops`` and ``calls`` block calls on this device, at the speed of
+    F.linear on ``rows`` token states (a heavy action's batch), plus ``extra_seconds`` of other
+    work, calibrated by the last run of ``action`` on this model (none when ``action`` is empty)."""
     dtype = str(model.dtype).removeprefix("torch.")
-    if overhead is None:
-        overhead = cost.default_overhead(str(model.device), dtype)
-    with threads_for(model):
-        speed = cost.matmul_flops_per_second(
-            str(model.device), dtype, max(1, rows), model.config.n_embd
-        )
-    return cost.CostEstimate(flops, speed, overhead * flops / speed)
+    ratio = cost.CALIBRATION.ratio(model, action) if action else 1.0
+    guess = cost.estimate(
+        flops, measured_speed(model, rows), calls, call_seconds(model) if calls else 0.0,
+        cost.default_overhead(str(model.device), dtype), ratio, extra_seconds,
+    )  # fmt: skip
+    if not action:
+        return guess
+    return replace(
+        guess, on_done=cost.CALIBRATION.recorder(model, action, guess.uncalibrated_seconds)
+    )
+
+
+def estimate(model, tokens: int, num_steps: int, runs: int) -> cost.CostEstimate:
+    """The estimated cost of a collection of ``runs`` runs on this device (see apps/cost.py)."""
+    config = model.config
+    return estimate_flops(
+        model,
+        cost.forward_flops(config, tokens, num_steps, runs),
+        rows=tokens * max(1, min(runs, cost.COLLECT_BATCH)),
+        calls=cost.collection_calls(config, num_steps, runs),
+        action="collect",
+    )
+
+
+def generation_estimate(model, tokens: int, new_tokens: int, num_steps: int) -> cost.CostEstimate:
+    """The estimated time of generating ``new_tokens`` after a ``tokens``-token prompt at
+    ``num_steps`` iterations (no early exit): the prompt at the speed of F.linear over its
+    tokens, each new token at that of one row."""
+    config = model.config
+    prompt_flops = cost.forward_flops(config, tokens, num_steps)
+    prompt = estimate_flops(model, prompt_flops, tokens, cost.forward_calls(config, num_steps))
+    decode = estimate_flops(
+        model,
+        cost.generation_flops(config, tokens, new_tokens, num_steps) - prompt_flops,
+        rows=1,
+        calls=cost.forward_calls(config, num_steps, new_tokens),
+    )
+    ratio = cost.CALIBRATION.ratio(model, "generation")
+    both = cost.combine([prompt, decode])
+    recorder = cost.CALIBRATION.recorder(model, "generation", both.seconds)
+    return replace(both, seconds=ratio * both.seconds, calibration=ratio, on_done=recorder)
 
 
 @st.cache_data(max_entries=16, show_spinner="Measuring this device's speed …")
-def run_defaults(_model, model_key: ModelKey, tokens: int, overhead: float) -> tuple[int, int]:
+def run_defaults(_model, model_key: ModelKey, tokens: int) -> tuple[int, int]:
     """Default (steps, number of seeds) whose estimated collection fits `cost.TIME_BUDGET_S`."""
-    return cost.default_run(
-        lambda steps, runs: estimate(_model, tokens, steps, runs, overhead).seconds
-    )
+    return cost.default_run(lambda steps, runs: estimate(_model, tokens, steps, runs).seconds)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -275,9 +314,23 @@ def plane(_traj, key: TrajKey, position: int, run: int = 0) -> np.ndarray:
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def lens(_model, _traj, key: TrajKey, _tokens: list[str], kind: str) -> pd.DataFrame:
+def lens(
+    _model,
+    _traj,
+    key: TrajKey,
+    _tokens: list[str],
+    kind: str,
+    _progress: TaskProgress | None = None,
+) -> pd.DataFrame:
+    """The lens on every state of seed 0; with ``_progress`` a bar shows the estimate while it
+    runs (and its time calibrates the next lens estimate)."""
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
-        return workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_tokens)
+        frame = workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_tokens)
+    if _progress is not None:
+        _progress.finish()
+    return frame
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -331,7 +384,7 @@ def generation(
     }
 
 
-@st.cache_data(max_entries=8, show_spinner="Sampling with the diffusion sampler …")
+@st.cache_data(max_entries=8, show_spinner=False)
 def diffusion_run(
     _model,
     model_key: ModelKey,
@@ -343,9 +396,13 @@ def diffusion_run(
     exit_t: float,
     freeze_strategy: str,
     init_scale: float,
+    _progress: TaskProgress | None = None,
 ) -> dict:
-    """Greedy diffusion sampling: text, the wavefront frames and the summary counts."""
+    """Greedy diffusion sampling: text, the wavefront frames and the summary counts; with
+    ``_progress`` a bar shows the estimate while it runs (its time calibrates the next one)."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
+    if _progress is not None:
+        _progress.start()
     with threads_for(_model):
         out = _model.generate_diffusion(
             ids, max_new_tokens, num_steps=num_steps, inner_recurrence=inner_recurrence,
@@ -353,6 +410,8 @@ def diffusion_run(
             init_scale=init_scale, max_diffusion_steps=4 * max_new_tokens * num_steps,
             return_details=True,
         )  # fmt: skip
+    if _progress is not None:
+        _progress.finish()
     tok = _model.tokenizer
     new = out.sequences[0, len(token_ids) :].tolist()
     frame = workbench.wavefront_frame(out)
@@ -384,20 +443,32 @@ def checkpoint_series(
     seeds: tuple[int, ...],
     signature: str,
     stability: bool = False,
+    _progress: TaskProgress | None = None,
 ) -> pd.DataFrame:
     """`workbench.checkpoint_series` of one prompt (with λ_1 and the share of stable tokens when
-    ``stability``), with a progress bar per checkpoint."""
+    ``stability``), with a progress bar per checkpoint (``_progress``, or a plain one), on one
+    thread for small models (see recurrent_model.threads)."""
     del signature  # part of the cache key only
     what = "λ_1 of every checkpoint" if stability else "Analysing the checkpoints"
-    bar = st.progress(0.0, text=f"{what} …")
+    if _progress is None:
+        bar = st.progress(0.0, text=f"{what} …")
 
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / total, text=f"{what}: {done} of {total} checkpoints")
-
-    frame = workbench.checkpoint_series(
-        run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress, stability=stability
-    )
-    bar.empty()
+        def progress(done: int, total: int) -> None:
+            bar.progress(done / total, text=f"{what}: {done} of {total} checkpoints")
+    else:
+        _progress.start()
+        progress = _progress
+    found = checkpoint_dirs(run_dir)
+    config = recurrent_model.RecurrentConfig.from_json(found[0][1] / "config.json")
+    with single_thread(config.cost.parameters < SINGLE_THREAD_PARAMS):
+        frame = workbench.checkpoint_series(
+            run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress,
+            stability=stability,
+        )  # fmt: skip
+    if _progress is None:
+        bar.empty()
+    else:
+        _progress.finish()
     return frame
 
 

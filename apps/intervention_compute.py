@@ -7,6 +7,8 @@ workbench call (plus the token bookkeeping the tab needs).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -137,8 +139,10 @@ def steering_estimate(
     model, tokens: int, num_steps: int, mode: str, amount: float
 ) -> cost.CostEstimate:
     """The estimated time of one steering request (see steering_forwards)."""
-    flops = cost.forward_flops(model.config, tokens, num_steps, steering_forwards(mode, amount))
-    return estimate_flops(model, flops, rows=tokens)
+    forwards = steering_forwards(mode, amount)
+    flops = cost.forward_flops(model.config, tokens, num_steps, forwards)
+    calls = cost.forward_calls(model.config, num_steps, forwards)
+    return estimate_flops(model, flops, rows=tokens, calls=calls, action="steering")
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -220,24 +224,29 @@ def ablation(
 def patching_plan(
     model, tokens: int, num_steps: int, patches: int
 ) -> tuple[cost.CostEstimate, int]:
-    """The estimated time of a patching grid (at most one forward per patch) and the patches per
-    batch that keep each batch near `cost.BATCH_SECONDS`."""
-    guess = estimate_flops(
-        model, cost.patching_flops(model.config, tokens, num_steps, patches), rows=tokens
-    )
-    per_patch = guess.seconds / (patches + 2)
-    return guess, cost.batch_size_for(per_patch, most=64)
+    """The estimated time of a patching grid (the two unpatched runs, then each patch resumed at
+    its step) and the patches per batch that keep each batch near `cost.BATCH_SECONDS`."""
+    config = model.config
+    flops = cost.patching_flops(config, tokens, num_steps, patches, resume=True)
+    single = estimate_flops(model, flops, rows=tokens, calls=cost.forward_calls(config, num_steps))
+    batch = cost.batch_size_for(single.seconds / (patches + 2), most=64)
+    forwards = 2 + math.ceil(patches / batch)
+    calls = cost.forward_calls(config, (num_steps + 1) // 2, forwards)
+    guess = estimate_flops(model, flops, rows=tokens * batch, calls=calls, action="patching")
+    return guess, batch
 
 
 def ablation_plan(
     model, tokens: int, num_steps: int, n_random: int
 ) -> tuple[cost.CostEstimate, int]:
     """The estimated time of an ablation with ``n_random`` control planes, and its batch size."""
-    guess = estimate_flops(
-        model, cost.ablation_flops(model.config, tokens, num_steps, n_random), rows=tokens
-    )
-    per_plane = guess.seconds / (n_random + 3)
-    return guess, cost.batch_size_for(per_plane, most=33)
+    config = model.config
+    flops = cost.ablation_flops(config, tokens, num_steps, n_random)
+    single = estimate_flops(model, flops, rows=tokens)
+    batch = cost.batch_size_for(single.seconds / (n_random + 3), most=33)
+    calls = cost.forward_calls(config, num_steps, 2 + math.ceil((n_random + 1) / batch))
+    guess = estimate_flops(model, flops, rows=tokens * batch, calls=calls, action="ablation")
+    return guess, batch
 
 
 RANDOM_PLANE_CHOICES = (32, 16, 8, 4, 2)

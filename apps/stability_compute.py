@@ -36,10 +36,13 @@ def stability_passes(num_steps: int, k: int) -> int:
 
 
 def estimate(model, tokens: int, num_steps: int, k: int) -> cost.CostEstimate:
-    """The estimated cost of :func:`token_stability` on this device."""
-    dtype = str(model.dtype).removeprefix("torch.")
-    overhead = cost.default_overhead(str(model.device), dtype)
-    return compute.estimate(model, tokens, stability_passes(num_steps, k), 1, overhead)
+    """The estimated cost of :func:`token_stability` on this device: its core-pass equivalents
+    as one forward of that depth over the token's prefix, each pass's block calls at
+    ``JVP_PASSES`` times a plain call's cost."""
+    passes = stability_passes(num_steps, k)
+    flops = cost.forward_flops(model.config, tokens, passes)
+    calls = int(JVP_PASSES * cost.forward_calls(model.config, passes))
+    return compute.estimate_flops(model, flops, rows=tokens, calls=calls, action="stability")
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,9 @@ NEW_TOKEN_CHOICES = (24, 16, 8, 4, 1)
 def generation_estimate(ctx: Context, new_tokens: int) -> cost.CostEstimate:
     """The estimated time of generating ``new_tokens`` at the sidebar's steps (no early exit):
     the prompt at the speed of a matmul over its tokens, each new token at that of one row."""
-    config, tokens, steps = ctx.model.config, len(ctx.run.token_ids), ctx.run.num_steps
-    prompt = compute.estimate_flops(ctx.model, cost.forward_flops(config, tokens, steps), tokens)
-    decode_flops = cost.generation_flops(config, tokens, new_tokens, steps) - prompt.flops
-    decode = compute.estimate_flops(ctx.model, decode_flops, rows=1)
-    seconds = prompt.seconds + decode.seconds
-    flops = prompt.flops + decode.flops
-    return cost.CostEstimate(flops, flops / max(seconds, 1e-12), seconds)
+    return compute.generation_estimate(
+        ctx.model, len(ctx.run.token_ids), new_tokens, ctx.run.num_steps
+    )
 
 
 def default_new_tokens(ctx: Context, room: int) -> int:

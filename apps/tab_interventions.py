@@ -15,7 +15,6 @@ from workbench import figures, pca_direction, plane_vector
 from workbench.dynamics import MIN_TAIL
 from workbench.patching import patching_pair
 
-from . import cost
 from . import intervention_compute as compute
 from .tab_generation import generation_estimate
 from .ui import Context, chart, default_tokens, estimate_gate, table_download
@@ -193,7 +192,7 @@ def steering_panel(ctx: Context) -> None:
     room = ctx.model.config.block_size - len(ctx.run.token_ids)
     new = st.number_input("New tokens", 1, max(room, 1), min(16, max(room, 1)), key="steer_new")
     one = generation_estimate(ctx, int(new))
-    gen = cost.CostEstimate(2 * one.flops, one.flops_per_second, 2 * one.seconds)
+    gen = one.times(2)
     st.caption(f"Two greedy continuations of {int(new)} tokens × {steps} steps: {gen.describe()}")
     if st.button("Generate with and without steering", key="steer_generate"):
         with st.spinner(f"Generating ({gen.describe()}) …", show_time=True):

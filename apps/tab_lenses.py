@@ -12,8 +12,13 @@ from .ui import Context, chart, estimate_gate, table_download
 
 def lens_estimate(ctx: Context, kind: str) -> cost.CostEstimate:
     """The estimated time of decoding every state s_0 … s_r of seed 0 through the lens."""
-    flops = cost.lens_flops(ctx.model.config, ctx.traj.n_tokens, ctx.traj.num_steps, kind)
-    return compute.estimate_flops(ctx.model, flops, rows=ctx.traj.n_tokens)
+    config, tokens, steps = ctx.model.config, ctx.traj.n_tokens, ctx.traj.num_steps
+    flops = cost.lens_flops(config, tokens, steps, kind)
+    calls = cost.lens_calls(config, steps, kind)
+    table = cost.LENS_ROW_S * tokens * (steps + 1)
+    return compute.estimate_flops(
+        ctx.model, flops, rows=tokens, calls=calls, action=f"lens {kind}", extra_seconds=table
+    )
 
 
 def render(ctx: Context) -> None:
@@ -24,8 +29,8 @@ def render(ctx: Context) -> None:
     what = f"{states} states through the {kind} lens"
     if not estimate_gate(f"Decoding {what}", guess, "lens_go", (ctx.key, kind)):
         return
-    with st.spinner(f"Decoding {what} ({guess.describe()}) …", show_time=True):
-        frame = compute.lens(ctx.model, ctx.traj, ctx.key, ctx.tokens, kind)
+    progress = compute.TaskProgress(f"Decoding {what}", "states", guess)
+    frame = compute.lens(ctx.model, ctx.traj, ctx.key, ctx.tokens, kind, _progress=progress)
     value = st.selectbox(
         "Colour", ["final_prob", "kl_to_final", "entropy", "final_rank"], key="lens_value"
     )

@@ -31,11 +31,13 @@ def series_estimate(ctx: Context, found: list[tuple[int, Path]]) -> tuple[cost.C
     depths = tuple(sorted({1, 2, 4, r, 2 * r, 4 * r}))  # checkpoint_series' default depths
     tokens, steps, seeds = len(ctx.run.token_ids), ctx.run.num_steps, len(ctx.run.seeds)
     flops = cost.checkpoint_series_flops(config, tokens, depths, steps, seeds, len(found))
+    calls = cost.checkpoint_series_calls(config, depths, steps, seeds, len(found))
     what = (
         f"{len(found)} checkpoints × {len(depths)} depths (up to {max(depths)}) × 1 text, and "
         f"{seeds} seed{'s' if seeds != 1 else ''} at {steps} steps each (loading not counted)"
     )
-    return compute.estimate_flops(ctx.model, flops, rows=tokens), what
+    guess = compute.estimate_flops(ctx.model, flops, rows=tokens, calls=calls, action="series")
+    return guess, what
 
 
 def render(ctx: Context) -> None:
@@ -59,9 +61,10 @@ def render(ctx: Context) -> None:
     if not st.toggle("Analyse these checkpoints", key="series_go"):
         return
     prompt = ctx.model.tokenizer.decode(list(ctx.run.token_ids), skip_special_tokens=True)
+    progress = compute.TaskProgress("Analysing the checkpoints", "checkpoints", guess)
     frame = compute.checkpoint_series(
         str(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
-        compute.series_signature(run_dir),
+        compute.series_signature(run_dir), _progress=progress,
     )  # fmt: skip
     chart(figures.checkpoint_series_figure(frame), "series_fig")
     chart(figures.loss_by_depth_figure(frame), "series_depth")

@@ -10,7 +10,7 @@ import streamlit as st
 
 from workbench import figures
 
-from . import compute
+from . import compute, cost
 from .ui import PC_PAIRS, Context, chart, default_tokens, download, table_download
 
 
@@ -50,13 +50,13 @@ def render(ctx: Context) -> None:
             "waterfall",
         )
     states = (ctx.traj.num_steps + 1) * ctx.traj.n_tokens
+    seconds, includes = cost.umap_seconds(states)
     umap_label = (
         f"UMAP of the {states} states of {run} (fitted on their first 50 principal components, "
-        "so its time depends on the states, not the model's size; the first call imports umap "
-        "and compiles it with numba, about 20 s)"
+        f"so its time depends on the states, not the model's size): ≈ {seconds:.0f} s, {includes}"
     )
     if st.toggle(umap_label, key="umap"):
-        with st.spinner(f"Fitting UMAP on {states} states …", show_time=True):
+        with st.spinner(f"Fitting UMAP on {states} states (≈ {seconds:.0f} s) …", show_time=True):
             coords_umap = compute.umap(ctx.traj, ctx.key)
         fig = figures.waterfall_3d(coords_umap, ctx.tokens, run=run)
         fig.update_layout(

@@ -19,7 +19,8 @@ def wavefront_estimate(ctx: Context, new: int, inner: int, headway: int) -> cost
     steps, tokens = ctx.run.num_steps, len(ctx.run.token_ids)
     flops = cost.diffusion_flops(ctx.model.config, tokens, new, steps, inner, headway)
     wave = cost.diffusion_wave(new, steps, inner, headway)
-    return compute.estimate_flops(ctx.model, flops, rows=wave)
+    calls = cost.diffusion_calls(ctx.model.config, new, steps, inner, headway)
+    return compute.estimate_flops(ctx.model, flops, rows=wave, calls=calls, action="diffusion")
 
 
 def render(ctx: Context) -> None:
@@ -57,9 +58,10 @@ def render(ctx: Context) -> None:
     if not estimate_gate(what, guess, "wf_go", (ctx.key, request)):
         return
     with shown_as_message():
+        progress = compute.TaskProgress("Sampling with the diffusion sampler", "passes", guess)
         out = compute.diffusion_run(ctx.model, ctx.model_key, tuple(ctx.run.token_ids), new,
                                     ctx.run.num_steps, inner, headway, exit_t, strategy,
-                                    ctx.run.init_scale)  # fmt: skip
+                                    ctx.run.init_scale, _progress=progress)  # fmt: skip
         st.code(out["text"] or "(nothing frozen)", language=None, wrap_lines=True)
         s = out["summary"]
         c1, c2, c3 = st.columns(3)

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from apps import compute, cost, inputs  # noqa: E402
 from apps.messages import shown_as_message  # noqa: E402
-from apps.ui import Context  # noqa: E402
+from apps.ui import Context, estimate_gate  # noqa: E402
 from apps.views import TABS  # noqa: E402
 from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 
@@ -71,9 +71,7 @@ def run_widgets(model, model_key: str, tokens: int) -> dict:
     device (estimated collection under ~20 s), set again whenever another model is loaded."""
     missing = "steps" not in st.session_state or "seeds" not in st.session_state
     if missing or st.session_state.get("run_defaults_for") != model_key:
-        steps, n_seeds = compute.run_defaults(
-            model, model_key, tokens, cost_ratio(model_key, model)
-        )
+        steps, n_seeds = compute.run_defaults(model, model_key, tokens)
         st.session_state["steps"] = steps
         st.session_state["seeds"] = ", ".join(map(str, range(n_seeds)))
         st.session_state["run_defaults_for"] = model_key
@@ -83,13 +81,6 @@ def run_widgets(model, model_key: str, tokens: int) -> dict:
         seeds = st.text_input("Seeds", "", key="seeds")
         scale = st.number_input("Init scale", value=1.0, step=0.1, key="init_scale")
     return dict(steps=steps, seeds=seeds, scale=scale)
-
-
-def cost_ratio(model_key: str, model) -> float:
-    """Measured / matmul-probe time of this model's last collection here (before any, the
-    overhead measured by bench/bench_app_cost.py for this kind of device and dtype)."""
-    fallback = cost.default_overhead(str(model.device), str(model.dtype).removeprefix("torch."))
-    return st.session_state.get("cost_ratio", {}).get(model_key, fallback)
 
 
 def prompt_length(model, raw: dict) -> int:
@@ -106,19 +97,23 @@ def prompt_length(model, raw: dict) -> int:
     return 64
 
 
-def collect_with_progress(model, model_key: str, run) -> object:
-    """The trajectory, with a progress bar per run and iteration and the estimate beside it;
-    a fresh collection calibrates later estimates (measured / estimated time)."""
+def collect_with_progress(model, model_key: str, run, guess) -> object:
+    """The trajectory, with a progress bar per run and iteration and the estimate beside it; a
+    fresh collection calibrates later estimates (measured / estimated time)."""
     n_runs = 1 if run.init_scale == 0 else len(run.seeds)
-    ratio = cost_ratio(model_key, model)
-    guess = compute.estimate(model, len(run.token_ids), run.num_steps, n_runs, ratio)
     what = f"{n_runs} run(s) × {run.num_steps} steps × {len(run.token_ids)} tokens"
     progress = compute.CollectProgress(what, guess)
-    traj = compute.trajectory(model, model_key, run, _progress=progress)
-    if progress.elapsed is not None:  # collected now, not from the cache: calibrate
-        ratios = st.session_state.setdefault("cost_ratio", {})
-        ratios[model_key] = ratio * progress.elapsed / max(guess.seconds, 1e-9)
-    return traj
+    return compute.trajectory(model, model_key, run, _progress=progress)
+
+
+def speed_line(guess) -> str:
+    """The measured speed behind the estimates, and when and under what load it was taken."""
+    if guess.speed is None:
+        return ""
+    return (
+        f"Speed: {guess.speed.describe()}; a block call {1e3 * guess.call_seconds:.2g} ms "
+        "beyond its matmuls."
+    )
 
 
 def model_banner(model, path: Path) -> None:
@@ -164,11 +159,16 @@ def main() -> None:
         )
     with shown_as_message(stop=True):
         n_runs = 1 if run.init_scale == 0 else len(run.seeds)
-        guess = compute.estimate(
-            model, len(run.token_ids), run.num_steps, n_runs, cost_ratio(model_key, model)
-        )
+        guess = compute.estimate(model, len(run.token_ids), run.num_steps, n_runs)
         st.sidebar.markdown(f"Estimated collection: {guess.describe()}")
-        traj = collect_with_progress(model, model_key, run)
+        st.sidebar.caption(speed_line(guess))
+        what = f"Collecting {n_runs} run(s) × {run.num_steps} steps × {len(run.token_ids)} tokens"
+        heavy = guess.seconds > cost.HEAVY_SECONDS
+        if heavy and not estimate_gate(what, guess, "collect_go", (model_key, run)):
+            st.stop()
+        traj = collect_with_progress(model, model_key, run, guess)
+        # collected: a later, calibrated estimate of the same run must not ask again
+        st.session_state.setdefault("approved_actions", set()).add(("collect_go", (model_key, run)))
     st.caption(
         f"{traj.n_tokens} tokens · {traj.num_steps} steps · seeds {', '.join(map(str, traj.seeds))}"
         f" · init scale {run.init_scale:g}"

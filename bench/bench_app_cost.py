@@ -1,62 +1,253 @@
-"""How close the app's cost estimate comes to the real collection time.
+"""How close the app's estimates come to the real time of every heavy action.
 
-For a few model shapes (the default checkpoint, and random models of larger widths in float32 and
-bfloat16), prints the estimate of apps/cost.py before calibration (FLOPs at the matmul-probe speed,
-overhead 1), the measured time of `workbench.collect` on the same run, and their ratio: the app
-multiplies later estimates by this ratio once it has seen one real collection. The machine may be
-shared: the probe and the run are measured side by side, one right after the other.
+For each heavy action of the app (collection, lenses, generation, patching, ablation, steering,
+stability, diffusion sampling, the training series, UMAP) it prints the estimate the app shows
+before the action has ever run on this model (the F.linear speed it uses, no calibration), the
+measured time of the same cached computation the app calls, and their ratio. The actions run
+through the app's own functions (apps.compute, apps.intervention_compute, apps.stability_compute)
+with the app's thread settings, one after the other, so the machine's load is the same for both.
 
-Usage: python bench/bench_app_cost.py [--tokens 46] [--steps 8] [--seeds 2]
+By default on the shipped checkpoint (checkpoints/default). ``--huginn`` does the same at the
+Huginn-0125 shape in bfloat16: a random checkpoint written to a temporary directory, loaded the
+way the app loads it, and deleted after (about 7 GiB on disk and in memory; long on a small CPU).
+
+Usage: python bench/bench_app_cost.py [--huginn] [--steps 32] [--seeds 5] [--skip umap,series]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+import tempfile
 import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-import recurrent_model as rm
-import workbench
-from apps import compute
-from recurrent_model.config import RecurrentConfig
-from recurrent_model.threads import threads_for
+import torch  # noqa: E402
 
-SHAPES = {
-    "h=1024 (2,4,2)": dict(n_embd=1024, n_heads=8, intermediate_size=3584, vocab_size=32768),
-    "h=2048 (2,4,2)": dict(n_embd=2048, n_heads=16, intermediate_size=7168, vocab_size=32768),
-}
+import recurrent_model as rm  # noqa: E402
+from apps import (  # noqa: E402
+    compute,
+    cost,
+    inputs,
+    intervention_compute,
+    stability_compute,
+    tab_lenses,
+    tab_training,
+    tab_wavefront,
+)
+from apps.ui import Context  # noqa: E402
+from recurrent_model.speed import format_gflops  # noqa: E402
+from recurrent_model.standin import byte_level_tokenizer  # noqa: E402
+from workbench.checkpoint_series import checkpoint_dirs  # noqa: E402
+from workbench.patching import patching_pair  # noqa: E402
+
+SERIES = ROOT / "checkpoints" / "default" / "series"
 
 
-def measure(model: rm.RecurrentLM, name: str, tokens: int, steps: int, seeds: int) -> None:
-    ids = list(range(5, 5 + tokens))
-    guess = compute.estimate(model, tokens, steps, seeds, overhead=1.0)
-    with threads_for(model):
+class Bench:
+    """One model's actions: each estimated, then run, then printed as a row."""
+
+    def __init__(self, model, key: str, run: inputs.RunSettings, label: str) -> None:
+        self.model, self.key, self.run, self.label = model, key, run, label
+        self.rows: list[tuple[str, str, float, float, str]] = []
+
+    def time(self, what: str, guess: cost.CostEstimate | float, call: Callable[[], object]):
+        """Run ``call`` and record it against ``guess`` (an estimate, or bare seconds)."""
         start = time.perf_counter()
-        workbench.collect(model, ids, steps, seeds=range(seeds), progress=False)
+        out = call()
         took = time.perf_counter() - start
-    print(
-        f"{name:28s} {str(model.dtype):15s} estimate {guess.seconds:7.2f} s "
-        f"({guess.flops / 1e9:8.1f} GFLOP at {guess.flops_per_second / 1e9:6.1f} GFLOP/s)  "
-        f"measured {took:7.2f} s  measured/estimate {took / guess.seconds:5.2f}"
-    )
+        seconds = guess.seconds if isinstance(guess, cost.CostEstimate) else guess
+        speed = (
+            format_gflops(guess.flops_per_second) if isinstance(guess, cost.CostEstimate) else "—"
+        )
+        self.rows.append((what, speed, seconds, took, ""))
+        print(f"{what:34s} estimate {seconds:8.2f} s at {speed:14s} actual {took:8.2f} s "
+              f"ratio {took / max(seconds, 1e-9):5.2f}", flush=True)  # fmt: skip
+        return out
+
+    def context(self, traj) -> Context:
+        return Context(model=self.model, model_key=self.key, traj=traj, run=self.run)
+
+
+def fresh(model) -> None:
+    """Forget every cached result and calibration, as in a new app session on this model."""
+    import streamlit as st
+
+    st.cache_data.clear()
+    cost.CALIBRATION._ratios.pop(model, None)
+
+
+def collection(b: Bench):
+    tokens, runs = len(b.run.token_ids), len(b.run.seeds)
+    guess = compute.estimate(b.model, tokens, b.run.num_steps, runs)
+    what = f"collection ({runs} seeds × {b.run.num_steps} steps)"
+    return b.time(what, guess, lambda: compute.trajectory(b.model, b.key, b.run))
+
+
+def lenses(b: Bench, traj) -> None:
+    ctx = b.context(traj)
+    for kind in cost.LENS_KINDS:
+        guess = tab_lenses.lens_estimate(ctx, kind)
+        b.time(
+            f"{kind} lens",
+            guess,
+            lambda k=kind: compute.lens(b.model, traj, ctx.key, ctx.tokens, k),
+        )
+
+
+def generation(b: Bench, new: int) -> None:
+    steps, ids = b.run.num_steps, b.run.token_ids
+    guess = compute.generation_estimate(b.model, len(ids), new, steps)
+    b.time(f"generation ({new} tokens)", guess, lambda: compute.generation(
+        b.model, b.key, ids, new, steps, None, None, 0.0))  # fmt: skip
+
+
+def patching(b: Bench) -> None:
+    pair, steps = patching_pair(b.model), b.run.num_steps
+    patches = len(pair.clean_ids) * (steps + 1)
+    guess, batch = intervention_compute.patching_plan(b.model, len(pair.clean_ids), steps, patches)
+    b.time(f"patching ({patches} patches)", guess, lambda: intervention_compute.patching(
+        b.model, b.key, pair.clean_ids, pair.corrupted_ids, steps, "core.hook_state", "each",
+        "denoising", 0.0, 0, "logit_diff", pair.target, pair.corrupted_target, batch_size=batch,
+    ))  # fmt: skip
+
+
+def ablation(b: Bench, n_random: int) -> None:
+    ids, steps = b.run.token_ids, b.run.num_steps
+    guess, batch = intervention_compute.ablation_plan(b.model, len(ids), steps, n_random)
+    position = len(ids) - 1
+    b.time(f"ablation ({n_random} random planes)", guess, lambda: intervention_compute.ablation(
+        b.model, b.key, ids, steps, position, n_random, batch_size=batch))  # fmt: skip
+
+
+def steering(b: Bench, traj) -> None:
+    ids, steps = b.run.token_ids, b.run.num_steps
+    guess = intervention_compute.steering_estimate(b.model, len(ids), steps, "add", 4.0)
+    vector = traj.states[0][-1, -1]
+    b.time("steering (add, α sweep)", guess, lambda: intervention_compute.steering(
+        b.model, b.key, ids, steps, vector, None, "bench", "add", 4.0, (1, steps)))  # fmt: skip
+
+
+def stability(b: Bench, traj, k: int) -> None:
+    position = len(b.run.token_ids) - 1
+    guess = stability_compute.estimate(b.model, position + 1, traj.num_steps, k)
+    key = (b.key, b.run)
+    b.time(f"stability (k = {k}, last token)", guess, lambda: stability_compute.token_stability(
+        b.model, traj, key, position, k, guess.describe()))  # fmt: skip
+
+
+def diffusion(b: Bench, traj, new: int) -> None:
+    ctx, steps = b.context(traj), b.run.num_steps
+    guess = tab_wavefront.wavefront_estimate(ctx, new, 4, 1)
+    b.time(f"diffusion sampling ({new} tokens)", guess, lambda: compute.diffusion_run(
+        b.model, b.key, b.run.token_ids, new, steps, 4, 1, 0.03, "latent-diff", 0.0))  # fmt: skip
+
+
+def series(b: Bench, traj) -> None:
+    found = checkpoint_dirs(SERIES)
+    guess, _ = tab_training.series_estimate(b.context(traj), found)
+    text = b.model.tokenizer.decode(list(b.run.token_ids), skip_special_tokens=True)
+    b.time(f"training series ({len(found)} checkpoints)", guess, lambda: compute.checkpoint_series(
+        str(SERIES), text, b.run.num_steps, b.run.seeds, compute.series_signature(SERIES)))  # fmt: skip
+
+
+def umap(b: Bench, traj) -> None:
+    states = (traj.num_steps + 1) * traj.n_tokens
+    seconds, includes = cost.umap_seconds(states)
+    b.time(f"UMAP ({states} states, {includes.split(' ')[0]})", seconds,
+           lambda: compute.umap(traj, (b.key, b.run)))  # fmt: skip
+
+
+def run_all(b: Bench, skip: set[str], shipped: bool) -> None:
+    """Every action once, each estimated before anything of its kind ran on this model."""
+    fresh(b.model)
+    traj = collection(b)
+    steps = [
+        ("lenses", lambda: lenses(b, traj)),
+        ("generation", lambda: generation(b, 16 if shipped else 4)),
+        ("patching", lambda: patching(b)),
+        ("ablation", lambda: ablation(b, 8 if shipped else 2)),
+        ("steering", lambda: steering(b, traj)),
+        ("stability", lambda: stability(b, traj, 8 if shipped else 2)),
+        ("diffusion", lambda: diffusion(b, traj, 16 if shipped else 4)),
+        ("series", lambda: series(b, traj) if shipped else None),
+        ("umap", lambda: umap(b, traj)),
+    ]
+    for name, step in steps:
+        if name not in skip:
+            step()
+
+
+def markdown(b: Bench) -> str:
+    """The rows as a markdown table (for docs/app.md)."""
+    lines = [f"{b.label}", "", "| action | estimate | speed used | actual | actual / estimate |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for what, speed, est, took, _ in b.rows:
+        lines.append(
+            f"| {what} | {est:.1f} s | {speed} | {took:.1f} s | {took / max(est, 1e-9):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def huginn_checkpoint(directory: Path) -> None:
+    """A random bfloat16 model of the Huginn-0125 shape with a byte-level tokenizer, saved."""
+    config = rm.preset("huginn-0125", name="huginn-0125-random", torch_dtype="bfloat16")
+    with torch.device("meta"):
+        model = rm.RecurrentLM(config, init_weights=False)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    model.lm_head.weight = model.transformer.wte.weight
+    model.reset_parameters(torch.Generator().manual_seed(0))
+    model.tokenizer = byte_level_tokenizer(config.vocab_size)
+    model.save_pretrained(directory, max_shard_bytes=2 * 2**30)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=46)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--huginn", action="store_true", help="the Huginn-0125 shape in bf16")
+    parser.add_argument("--steps", type=int, default=None, help="default: 32, or 4 with --huginn")
+    parser.add_argument("--seeds", type=int, default=None, help="default: 5, or 1 with --huginn")
+    parser.add_argument("--skip", default="", help="comma-separated actions to leave out")
     args = parser.parse_args()
-    run = (args.tokens, args.steps, args.seeds)
-    default = rm.load_model("checkpoints/default")
-    measure(default, "default checkpoint", *run)
-    for name, fields in SHAPES.items():
-        torch.manual_seed(0)
-        model = rm.RecurrentLM(RecurrentConfig(name=name, block_size=512, **fields)).eval()
-        for dtype in (torch.float32, torch.bfloat16):
-            measure(model.to(dtype), name, *run)
-        del model
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("streamlit"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    skip = set(filter(None, args.skip.split(",")))
+    if args.huginn:
+        with tempfile.TemporaryDirectory(prefix="huginn-random-") as tmp:
+            start = time.perf_counter()
+            huginn_checkpoint(Path(tmp))
+            print(
+                f"random Huginn-0125-shape checkpoint written in {time.perf_counter() - start:.0f} s"
+            )
+            model = compute.load(tmp, "cpu", None, compute.checkpoint_signature(Path(tmp)))
+            bench_model(model, tmp, args.steps or 4, args.seeds or 1, skip | {"series"}, False)
+        return
+    model = compute.load(str(ROOT / "checkpoints/default"), "cpu", None, "bench")
+    bench_model(model, "checkpoints/default", args.steps or 32, args.seeds or 5, skip, True)
+
+
+def bench_model(model, key: str, steps: int, seeds: int, skip: set[str], shipped: bool) -> None:
+    ids = inputs.encode_input(
+        model.tokenizer, model.config.block_size, inputs.DEFAULT_PROMPT, "", False
+    )
+    run = inputs.RunSettings(tuple(ids), steps, tuple(range(seeds)), 1.0)
+    label = (
+        f"{model.name}: {model.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, "
+        f"{len(ids)} tokens, {steps} steps, {seeds} seed(s), {torch.get_num_threads()} threads, "
+        f"load {__import__('os').getloadavg()[0]:.1f}"
+    )
+    print(label, flush=True)
+    b = Bench(model, key, run, label)
+    run_all(b, skip, shipped)
+    print()
+    print(markdown(b))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,12 @@ class Speed:
     load: float  # 1-minute load average when measured
     seconds: float  # what the measurement took
 
+    @classmethod
+    def assumed(cls, flops_per_second: float, device: str = "cpu", dtype: str = "float32") -> Speed:
+        """A speed taken as given, not measured (a stand-in device in tests and what-ifs)."""
+        return cls(flops_per_second, device, dtype, 1, torch.get_num_threads(), (), time.time(),
+                   load_average(), 0.0)  # fmt: skip
+
     @property
     def gflops(self) -> float:
         return self.flops_per_second / 1e9
@@ -203,3 +209,61 @@ def forget() -> None:
     """Drop every held measurement (the next call measures again)."""
     with _lock:
         _measured.clear()
+        _overheads.clear()
+
+
+@dataclass(frozen=True)
+class CallOverhead:
+    """Seconds one sandwich-block call costs beyond its matmuls (dispatch, norms, RoPE, small
+    kernels), from a forward of a tiny random model in the same dtype on the same device."""
+
+    seconds: float
+    device: str
+    dtype: str
+    threads: int
+    measured_at: float
+    load: float
+
+    def stale(self, now: float | None = None, load: float | None = None) -> bool:
+        age = (time.time() if now is None else now) - self.measured_at
+        load = load_average() if load is None else load
+        return age > MAX_AGE_S or (age > MIN_AGE_S and abs(load - self.load) >= LOAD_CHANGE)
+
+
+def measure_call_overhead(device: str, dtype: torch.dtype, steps: int = 8) -> CallOverhead:
+    """The best of three forwards of the tiny preset (4 tokens, ``steps`` iterations) per layer
+    call: its matmuls are a few MFLOP, so the time is what a block call costs regardless of size."""
+    from .config import preset
+    from .model import RecurrentLM
+
+    torch.manual_seed(0)
+    tiny = RecurrentLM(preset("tiny")).eval().to(device, dtype)
+    ids = torch.arange(1, 5, device=device)[None]
+    best = float("inf")
+    with torch.inference_mode():
+        tiny(ids, num_steps=steps)  # warm-up
+        for _ in range(3):
+            _sync(torch.device(device))
+            start = time.perf_counter()
+            tiny(ids, num_steps=steps)
+            _sync(torch.device(device))
+            best = min(best, time.perf_counter() - start)
+    per_call = best / tiny.config.cost.layer_calls(steps)
+    name = str(dtype).removeprefix("torch.")
+    threads = torch.get_num_threads()
+    return CallOverhead(per_call, str(device), name, threads, time.time(), load_average())
+
+
+_overheads: dict[tuple, CallOverhead] = {}
+
+
+def call_overhead(device: str, dtype: str | torch.dtype) -> CallOverhead:
+    """This machine's cost of one block call in ``dtype`` on ``device``, measured again when
+    stale (see CallOverhead)."""
+    dt = _dtype(dtype)
+    key = (str(torch.device(device)), str(dt), torch.get_num_threads())
+    with _lock:
+        held = _overheads.get(key)
+        if held is None or held.stale():
+            held = _overheads[key] = measure_call_overhead(str(torch.device(device)), dt)
+        return held

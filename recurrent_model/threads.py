@@ -24,7 +24,16 @@ def is_small_cpu_model(model) -> bool:
 @contextmanager
 def threads_for(model) -> Iterator[None]:
     """One torch and BLAS thread inside the block for a small CPU model; restored after."""
-    if not is_small_cpu_model(model):
+    with single_thread(is_small_cpu_model(model)):
+        yield
+
+
+@contextmanager
+def single_thread(small: bool) -> Iterator[None]:
+    """One torch and BLAS thread inside the block when ``small``; restored after. For work that
+    loads its own models (a checkpoint series): ``small`` from their config's parameter count,
+    ``config.cost.parameters < SINGLE_THREAD_PARAMS``."""
+    if not small:
         yield
         return
     before = torch.get_num_threads()

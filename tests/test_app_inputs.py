@@ -169,15 +169,20 @@ def test_forward_flops_count_every_matmul():
 
 def test_estimate_and_default_run_scaling():
     from apps import cost
+    from recurrent_model.speed import Speed
 
     config = _tiny_config()
-    est = cost.estimate_seconds(config, 20, 8, 2, flops_per_second=1e9, overhead=2.0)
-    assert est.seconds == pytest.approx(2.0 * cost.forward_flops(config, 20, 8, 2) / 1e9)
-    assert "GFLOP/s" in est.describe()
+    flops = cost.forward_flops(config, 20, 8, 2)
+    est = cost.estimate(flops, Speed.assumed(1e9), calls=10, call_seconds=0.01, overhead=2.0)
+    assert est.seconds == pytest.approx(2.0 * flops / 1e9 + 0.1)
+    assert "GFLOP/s" in est.describe() and "1 GFLOP/s" in est.describe()
+    slow = cost.estimate(flops, Speed.assumed(2.5e8), calibration=3.0)
+    assert "0.25 GFLOP/s" in slow.describe() and "× 3 from the last run" in slow.describe()
+    assert slow.uncalibrated_seconds == pytest.approx(slow.seconds / 3)
     for per_unit, expected in [(0.1, (32, 5)), (0.2, (32, 3)), (1.0, (16, 1)), (10.0, (4, 1))]:
         assert cost.default_run(lambda s, n, c=per_unit: c * s * n) == expected, per_unit
     with pytest.raises(ValueError, match="flops_per_second"):
-        cost.estimate_seconds(config, 20, 8, 2, flops_per_second=0.0)
+        cost.estimate(flops, Speed.assumed(0.0))
     assert cost.default_overhead("cpu", "bfloat16") == cost.HALF_CPU_OVERHEAD
     assert cost.default_overhead("cpu", "float32") == cost.OVERHEAD
     assert cost.default_overhead("cuda:0", "bfloat16") == cost.OVERHEAD
@@ -217,6 +222,9 @@ def test_a_heavy_lens_waits_for_its_button_with_the_estimate(monkeypatch):
     at.session_state["steps"], at.session_state["seeds"] = 6, "0"
     at.run()
     assert not at.exception, at.exception
+    assert not at.get("plotly_chart")  # the collection is heavy too: it waits for its button
+    assert any("Collecting" in c.value and "GFLOP/s" in c.value for c in at.main.caption)
+    at.button(key="collect_go").click().run()
     assert any("states through the coda lens" in c.value and "GFLOP" in c.value
                for c in at.main.caption)  # fmt: skip
     assert not at.get("plotly_chart")
@@ -240,7 +248,10 @@ def test_batches_stay_short_so_stop_acts_within_seconds(monkeypatch):
         dtype=torch.bfloat16,
         num_parameters=lambda: 3_560_000_000,
     )
-    monkeypatch.setattr(cost, "matmul_flops_per_second", lambda *a, **k: 1e11)  # a fast CPU
+    from apps import compute
+    from recurrent_model.speed import Speed
+
+    monkeypatch.setattr(compute, "measured_speed", lambda *a, **k: Speed.assumed(1e11))  # fast
     guess, batch = intervention_compute.patching_plan(huge, 38, 24, 950)
     assert guess.seconds > 3600 and batch == 1  # hours: one patch per batch
     assert intervention_compute.default_random_planes(huge, 38, 24) == 2
@@ -252,26 +263,37 @@ def _tiny_config():
     return preset("tiny")
 
 
-def test_matmul_probe_measures_and_is_cached():
-    from apps import cost
+def test_a_finished_action_calibrates_its_next_estimate():
+    from apps import compute
+    from recurrent_model import RecurrentLM, preset
 
-    speed = cost.matmul_flops_per_second("cpu", "float32", 16, 64, min_seconds=0.01)
-    assert 1e6 < speed < 1e15
-    assert cost.matmul_flops_per_second("cpu", "float32", 16, 64, min_seconds=0.01) == speed
+    model = RecurrentLM(preset("tiny")).eval()
+    first = compute.estimate(model, 12, 8, 2)
+    assert first.calibration == 1.0 and first.speed is not None and first.calls > 0
+    first.done(3.0 * first.seconds)  # the run took three times the estimate
+    second = compute.estimate(model, 12, 8, 2)
+    assert second.calibration == pytest.approx(3.0, rel=0.5)  # the probe may be re-measured
+    assert second.seconds > first.seconds and "from the last run" in second.describe()
+    assert compute.estimate_flops(model, 1e9, rows=4).calibration == 1.0  # another action
 
 
 def test_collect_progress_reports_every_update_in_order():
     from apps import compute, cost
 
-    guess = cost.CostEstimate(flops=1e9, flops_per_second=1e9, seconds=1.0)
+    finished = []
+    guess = cost.CostEstimate(flops=1e9, flops_per_second=1e9, seconds=1.0, on_done=finished.append)
     progress = compute.CollectProgress("1 run(s)", guess, min_interval=0.0)
     progress.start()
     for done in range(5):
         progress(done, 4)
     progress.finish()
     assert progress.updates == 5 and progress.elapsed is not None
-    assert progress.text(2, 4, 0.5) == (
-        "Collecting 1 run(s): 2/4 run-iterations · 0 s of an estimated 1 s"
+    assert finished == [progress.elapsed]  # the run's time calibrates the next estimate
+    assert progress.text(0, 4, 0.5) == (
+        "Collecting 1 run(s): 0/4 run-iterations · 0 s of an estimated 1 s at the start"
+    )
+    assert progress.text(1, 4, 3.0) == (  # from the first part on, its own pace
+        "Collecting 1 run(s): 1/4 run-iterations · 3 s, about 9 s left (estimated 1 s at the start)"
     )
 
 
@@ -281,14 +303,20 @@ def test_app_scales_defaults_to_the_device_and_shows_the_estimate(monkeypatch):
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from apps import cost
+    from apps import compute
+    from recurrent_model.speed import Speed
 
     app = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
     for speed in (1e13, 2e8):
         st.cache_data.clear()
-        monkeypatch.setattr(cost, "matmul_flops_per_second", lambda *a, s=speed, **k: s)
+        fixed = Speed.assumed(speed)
+        monkeypatch.setattr(compute, "measured_speed", lambda *a, s=fixed, **k: s)
         at = AppTest.from_file(app, default_timeout=240).run()
         assert not at.exception, at.exception
+        heavy = [b for b in at.button if b.key == "collect_go"]
+        if heavy:  # a heavy first collection waits for its button
+            heavy[0].click().run()
+            assert not at.exception, at.exception
         steps, seeds = at.session_state["steps"], at.session_state["seeds"]
         text = [m.value for m in at.sidebar.markdown if m.value.startswith("Estimated collection")]
         assert len(text) == 1 and "GFLOP/s" in text[0]

@@ -31,12 +31,12 @@ def test_wavefront_tab_samples_and_draws_the_heatmap():
 def test_a_heavy_sampling_waits_for_its_estimate_button(monkeypatch):
     from apps import cost
 
-    monkeypatch.setattr(cost, "HEAVY_SECONDS", 0.0)  # every estimate counts as heavy
     at = AppTest.from_file(APP, default_timeout=240).run()
     at.number_input(key="steps").set_value(4)
     at.text_input(key="seeds").set_value("0")
     at.session_state["view"] = "Wavefront"
     at.run()
+    monkeypatch.setattr(cost, "HEAVY_SECONDS", 0.0)  # every estimate from here on is heavy
     at.number_input(key="wf_new").set_value(3)
     at.button[0].click().run()
     assert not at.exception, [e.message for e in at.exception]
