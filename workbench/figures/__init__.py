@@ -2,6 +2,12 @@
 
 from .aligned import aligned_embeddings_figure
 from .convergence import convergence_heatmap
+from .corpus import (
+    convergence_steps_figure,
+    kind_share_bars,
+    lambda_quantiles_figure,
+    period_histogram_figure,
+)
 from .curves import step_curves, steps_per_token_bars, token_correlation_curve
 from .interventions import ablation_control_figure, patching_heatmap, steering_sweep_figure
 from .lens import lens_heatmap, lens_table
@@ -17,11 +23,15 @@ __all__ = [
     "aligned_embeddings_figure",
     "checkpoint_series_figure",
     "convergence_heatmap",
+    "convergence_steps_figure",
+    "kind_share_bars",
+    "lambda_quantiles_figure",
     "lens_heatmap",
     "lens_table",
     "loss_by_depth_figure",
     "patching_heatmap",
     "pc_pair_panels",
+    "period_histogram_figure",
     "rotation_panel",
     "seed_overlay",
     "spread_curves",
