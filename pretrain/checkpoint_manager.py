@@ -7,6 +7,7 @@ background thread. The layout is described in ``pretrain/checkpointing.py``."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +20,20 @@ from torch.distributed.checkpoint.api import CheckpointException
 from .checkpointing import (
     EXPORT_DTYPES,
     SHARDS_DIR,
+    STATE_JSON,
     CheckpointDirectory,
     consolidation_plan,
     export_model,
     finish_export,
     model_tensors,
     pinned_stager,
+    rank_file,
     write_rank_state,
     write_shards,
     write_state_json,
 )
 from .distributed import DistContext
+from .integrity import digest_file, nonfinite_tensor, write_manifest
 
 # DCP raises CheckpointException (a BaseException) on every rank when any rank's write failed.
 WRITE_ERRORS = (Exception, CheckpointException)
@@ -37,6 +41,10 @@ WRITE_ERRORS = (Exception, CheckpointException)
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint write failed on some rank; the checkpoint was not published."""
+
+
+class NonFiniteWeightsError(CheckpointWriteError):
+    """The weights hold NaN or inf on some rank: the checkpoint was not written."""
 
 
 @dataclass
@@ -58,6 +66,8 @@ class _Pending:
     export: bool
     future: Future | None = None
     error: BaseException | None = field(default=None)
+    digests: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's files
+    shard_digests: dict[str, dict[str, Any]] = field(default_factory=dict)  # filled by DCP
 
 
 class CheckpointManager:
@@ -105,24 +115,24 @@ class CheckpointManager:
         directory appears, and ``latest`` names it, once every rank's write succeeded. Returns the
         path when written synchronously (else None; ``poll``/``wait`` publish it)."""
         self.wait()
+        self._check_finite(snapshot)
         staging = self.shared(
             self.directory.staging_path(snapshot.step) if self.ctx.is_main else None
         )
-        if self.ctx.is_main:
-            staging.mkdir(parents=True)
-            model = snapshot.model
-            model.config.to_json(staging / "config.json")  # type: ignore[union-attr]
-            if getattr(model, "tokenizer", None) is not None:
-                model.tokenizer.save(staging / "tokenizer.json")  # type: ignore[union-attr]
-        self.ctx.barrier()
         pending = _Pending(staging, snapshot, self.exports(snapshot.step, snapshot.final))
+        if self.ctx.is_main:  # a failure is agreed with the ranks' own writes, below
+            pending.error = _attempt(_write_model_files, staging, snapshot.model, pending.digests)
+        self.ctx.barrier()
         try:
             self.rank_state_bytes = write_rank_state(staging, self.ctx.rank, snapshot.rank_state)
+            name = rank_file(staging, self.ctx.rank).relative_to(staging).as_posix()
+            pending.digests[name] = digest_file(staging / name)
         except OSError as exc:  # the shards are still written with the others, then all stop
-            pending.error = exc
+            pending.error = pending.error or exc
         all_keys = sorted(
             {k for keys in self.ctx.all_gather_object(sorted(snapshot.optimizer)) for k in keys}
         )
+        snapshot.state["optimizer_tensors"] = len(all_keys)  # a resume checks they are all there
         try:
             pending.future = write_shards(
                 model_tensors(snapshot.model),
@@ -132,6 +142,7 @@ class CheckpointManager:
                 self.group,
                 self.asynchronous,
                 self.stager,
+                pending.shard_digests,
             )
         except WRITE_ERRORS as exc:  # every rank reports, then all stop together
             pending.error = pending.error or exc
@@ -175,30 +186,70 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         assert pending is not None
         self._agree(pending, pending.error or _future_error(pending.future))
+        pending.digests.update({f"{SHARDS_DIR}/{k}": v for k, v in pending.shard_digests.items()})
         snapshot = pending.snapshot
         plan = consolidation_plan(snapshot.model, self.ctx.world_size)
         if pending.export:
-            self._agree(
-                pending,
-                _attempt(export_model, pending.staging, plan, self.export_dtype, self.group),
-            )
+            self._agree(pending, _attempt(self._export, pending, plan))
+        files = self._gather_digests(pending.digests)
         path: list[Path] = []
-        error = _attempt(self._publish, pending, plan, path) if self.ctx.is_main else None
+        error = _attempt(self._publish, pending, plan, files, path) if self.ctx.is_main else None
         self._agree(pending, error)
         return path[0] if path else None
 
-    def _publish(self, pending: _Pending, plan: dict[str, int], path: list[Path]) -> None:
-        """Rank 0: the export's last file operations, trainer_state.json, the rename into place,
-        ``latest``; then pruning in the background."""
+    def _export(self, pending: _Pending, plan: dict[str, int]) -> None:
+        """Every rank: consolidate the Huginn-layout files, checksum the ones this rank wrote."""
+        written = export_model(pending.staging, plan, self.export_dtype, self.group)
+        for name in written:
+            pending.digests[name] = digest_file(pending.staging / name, sync=True)
+
+    def _gather_digests(self, digests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Every rank's file entries, merged on rank 0 (a gather, not an all-gather: the other
+        ranks never hold the whole manifest); an empty dict elsewhere."""
+        if not self.ctx.distributed:
+            return dict(digests)
+        gathered: list[Any] | None = [None] * self.ctx.world_size if self.ctx.is_main else None
+        torch.distributed.gather_object(digests, gathered, dst=0, group=self.group)
+        return {k: v for part in gathered or [] for k, v in part.items()}
+
+    def _publish(
+        self,
+        pending: _Pending,
+        plan: dict[str, int],
+        files: dict[str, dict[str, Any]],
+        path: list[Path],
+    ) -> None:
+        """Rank 0: the export's last file operations, trainer_state.json, the manifest, the
+        rename into place, ``latest``; then pruning in the background."""
+        staging = pending.staging
         if pending.export:
-            finish_export(pending.staging, plan)
-        write_state_json(pending.staging, {**pending.snapshot.state, "exported": pending.export})
-        path.append(self.directory.publish(pending.staging, pending.snapshot.step))
+            finish_export(staging, plan)
+            files.update(_exported_entries(staging, plan, files))
+        state = {**pending.snapshot.state, "exported": pending.export, "manifest": True}
+        write_state_json(staging, state)
+        files[STATE_JSON] = digest_file(staging / STATE_JSON)
+        write_manifest(staging, files)
+        path.append(self.directory.publish(staging, pending.snapshot.step))
         self._prune_in_background()
+
+    def _check_finite(self, snapshot: Snapshot) -> None:
+        """Collective: stop every rank before writing when any rank's weights hold NaN or inf."""
+        bad = nonfinite_tensor(model_tensors(snapshot.model))
+        reports = [
+            f"rank {rank}: {name}"
+            for rank, name in enumerate(self.ctx.all_gather_object(bad))
+            if name is not None
+        ]
+        if reports:
+            latest = self.directory.latest_name()
+            raise NonFiniteWeightsError(
+                f"checkpoint step {snapshot.step} was not written: the weights hold non-finite "
+                f"values ({'; '.join(reports)}); latest still names {latest}"
+            )
 
     def _agree(self, pending: _Pending, error: BaseException | None) -> None:
         """Collective: continue when no rank has an error, else stop every rank."""
-        reports = [r for r in self.ctx.all_gather_object(_describe(error)) if r]
+        reports = [r for r in self.ctx.all_gather_object(_describe(error, self.ctx.rank)) if r]
         if reports:
             self._abandon(pending, error, reports)
 
@@ -209,11 +260,10 @@ class CheckpointManager:
         if self.ctx.is_main:
             self.directory.done_writing(pending.staging)
         self.ctx.barrier()
-        latest = self.directory.latest()
         raise CheckpointWriteError(
             f"checkpoint step {pending.snapshot.step} was not published: the write failed "
             f"({'; '.join(dict.fromkeys(reports))}); latest still names "
-            f"{latest.name if latest else 'no checkpoint'}"
+            f"{self.directory.latest_name()}"
         ) from error
 
     def _prune_in_background(self) -> None:
@@ -238,7 +288,33 @@ def _report_prune_error(future: Future) -> None:
         print(f"pruning old checkpoints failed: {error!r} (they stay on disk)", flush=True)
 
 
-def _attempt(function: Any, *args: Any) -> BaseException | None:
+def _write_model_files(staging: Path, model: nn.Module, digests: dict[str, dict[str, Any]]) -> None:
+    """Rank 0: the staging directory, config.json and tokenizer.json, with their checksums."""
+    staging.mkdir(parents=True)
+    model.config.to_json(staging / "config.json")  # type: ignore[union-attr]
+    names = ["config.json"]
+    if getattr(model, "tokenizer", None) is not None:
+        model.tokenizer.save(staging / "tokenizer.json")  # type: ignore[union-attr]
+        names.append("tokenizer.json")
+    for name in names:
+        digests[name] = digest_file(staging / name, sync=True)
+
+
+def _exported_entries(
+    staging: Path, plan: dict[str, int], files: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """After ``finish_export``: a single consolidated file goes by ``model.safetensors``; an
+    index is checksummed (rank 0 rewrote it)."""
+    from torch.distributed.checkpoint._hf_utils import _gen_file_name
+
+    from recurrent_model.checkpoint import INDEX_FILE, SINGLE_FILE
+
+    if max(plan.values()) == 1:
+        return {SINGLE_FILE: files.pop(_gen_file_name(1, 1))}
+    return {INDEX_FILE: digest_file(staging / INDEX_FILE)}
+
+
+def _attempt(function: Callable[..., Any], *args: Any) -> BaseException | None:
     """Run ``function``; its exception (or None), to be agreed over the ranks."""
     try:
         function(*args)
@@ -247,7 +323,7 @@ def _attempt(function: Any, *args: Any) -> BaseException | None:
     return None
 
 
-def _describe(error: BaseException | None) -> str | None:
+def _describe(error: BaseException | None, rank: int) -> str | None:
     """One line naming the failed ranks and their errors (DCP's exception lists every rank's)."""
     if error is None:
         return None
@@ -257,7 +333,7 @@ def _describe(error: BaseException | None) -> str | None:
             cause = failure[0] if isinstance(failure, tuple) else failure
             failures.append(f"rank {rank}: {cause!r}")
         return "; ".join(failures)
-    return repr(error)
+    return f"rank {rank}: {error!r}"
 
 
 def _future_error(future: Future | None) -> BaseException | None:

@@ -66,11 +66,14 @@ from recurrent_model.checkpoint import (
     checked_weight_files,
 )
 
+from .integrity import HashingFileSystem
+
 STATE_JSON = "trainer_state.json"
 SHARDS_DIR = "shards"
 RANKS_DIR = "ranks"
 OPTIMIZER_DIR = "optimizer"  # format 2: the optimizer shards beside consolidated weights
 LATEST = "latest"
+REJECTED_DIR = "rejected"  # checkpoints a resume refused, kept for inspection (never pruned)
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
 FORMAT_VERSION = 3
 READABLE_FORMATS = (2, 3)
@@ -270,6 +273,36 @@ class CheckpointDirectory:
             raise ResumeError(f"{pointer} names {name!r}, which is not a complete checkpoint")
         return path
 
+    def latest_name(self) -> str:
+        """The name ``latest`` stands for, for messages (never raises)."""
+        try:
+            latest = self.latest()
+        except ResumeError:
+            return "a checkpoint that is not complete"
+        return latest.name if latest else "no checkpoint"
+
+    def resume_candidates(self) -> tuple[list[Path], list[str]]:
+        """The checkpoints a resume tries, best first: the one ``latest`` names, then the other
+        complete ones, newest first; and a note when ``latest`` names no complete checkpoint."""
+        notes: list[str] = []
+        try:
+            first = self.latest()
+        except ResumeError as exc:
+            first = None
+            notes.append(str(exc))
+        others = [self.path(step) for step in reversed(self.steps())]
+        ordered = ([first] if first else []) + [p for p in others if p != first]
+        return ordered, notes
+
+    def reject(self, path: Path, reason: str) -> Path:
+        """Move a checkpoint a resume refused to ``rejected/`` with the reason beside it: kept for
+        inspection, out of the way of the steps the resumed run writes, never pruned. Rank 0."""
+        target = self.root / REJECTED_DIR / f"{path.name}.{uuid.uuid4().hex[:8]}"
+        target.parent.mkdir(exist_ok=True)
+        os.rename(path, target)
+        atomic_write_text(target.with_name(target.name + ".why.txt"), reason + "\n")
+        return target
+
     def staging_path(self, step: int) -> Path:
         """A fresh hidden directory to write step ``step`` into (call on one rank, share the name);
         pruning leaves it alone until ``done_writing``."""
@@ -283,9 +316,10 @@ class CheckpointDirectory:
             self._writing.discard(staging.name)
 
     def publish(self, staging: Path, step: int) -> Path:
-        """Rename a complete staging directory into place and point ``latest`` at it. Rank 0."""
+        """Rename a complete staging directory into place and point ``latest`` at it. Rank 0;
+        the files were synced by the ranks that wrote them, so only the directories are."""
         target = self.path(step)
-        publish_directory(staging, target)
+        publish_directory(staging, target, fsync_files=False)  # each writer synced its files
         atomic_write_text(self.root / LATEST, target.name + "\n")
         self.done_writing(staging)
         return target
@@ -344,11 +378,13 @@ def write_shards(
     process_group: Any = None,
     asynchronous: bool = False,
     stager: Any = None,
+    digests: dict[str, dict[str, Any]] | None = None,
 ) -> Any:
     """Every rank writes its own pieces of the model and optimizer tensors (DTensor shards, or
     replicated tensors that DCP writes once) into ``directory`` through DCP's safetensors writer,
     in one DCP save: per rank one file of model shards and one of optimizer shards.
     ``optimizer_keys`` are the optimizer keys of all ranks (ZeRO-1 ranks hold different ones).
+    ``digests`` (file name -> size and checksum) is filled as this rank's files are written.
     Collective. Returns the future of ``dcp.async_save`` when ``asynchronous`` (staged through
     ``stager``), else None."""
     files = {k: MODEL_FILE_INDEX for k in model}
@@ -356,6 +392,8 @@ def write_shards(
     writer = dcp.HuggingFaceStorageWriter(
         str(directory), fqn_to_index_mapping=files, save_distributed=True
     )
+    if digests is not None:
+        writer.fs = HashingFileSystem(digests)
     tensors = {**model, **optimizer}
     if asynchronous:
         return dcp.async_save(
@@ -407,15 +445,17 @@ def export_model(
     plan: dict[str, int],
     dtype: torch.dtype = torch.float32,
     process_group: Any = None,
-) -> None:
+) -> list[str]:
     """Consolidate the model shards of ``checkpoint/shards`` into the Huginn layout in
     ``checkpoint`` (index + model-*.safetensors, or one model.safetensors), each rank assembling
     whole files from slices of the shard files (on the shared file system), so no rank gathers the
-    model; then cast the files this rank wrote to ``dtype``. Collective."""
+    model; then cast the files this rank wrote to ``dtype``. Collective. Returns the names of the
+    files this rank wrote."""
     from torch.distributed.checkpoint._consolidate_hf_safetensors import (
         consolidate_safetensors_files,
         consolidate_safetensors_files_on_every_rank,
     )
+    from torch.distributed.checkpoint._hf_utils import _gen_file_name
 
     shards = checkpoint / SHARDS_DIR
     if _single():
@@ -429,6 +469,7 @@ def export_model(
         mine = {i for i in set(plan.values()) if i % world == rank}
     if dtype != torch.float32:
         _cast_files(checkpoint, mine, max(plan.values()), dtype)
+    return [_gen_file_name(i, max(plan.values())) for i in sorted(mine)]
 
 
 def _cast_files(directory: Path, indices: Iterable[int], count: int, dtype: torch.dtype) -> None:
@@ -615,18 +656,42 @@ def load_optimizer_shards(
         optimizer.state[p][state_key] = value
 
 
-def rewind_metrics(path: Path, step: int) -> None:
-    """Drop metrics lines logged after ``step`` (by a run killed after its last checkpoint)."""
-    if not path.is_file():
-        return
-    kept: Iterable[str] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and _line_step(line) <= step]
-    atomic_write_text(path, "".join(line + "\n" for line in kept))
+class MetricsFileError(RuntimeError):
+    """metrics.jsonl cannot be read; the message names the file and the line."""
 
 
-def _line_step(line: str) -> int:
+def read_metrics_lines(path: Path) -> tuple[list[tuple[int, str]], bool]:
+    """(step, line) of every record of a metrics file, and whether its last line was torn (a
+    write cut short: not JSON, dropped). A damaged line before the last is a MetricsFileError."""
     try:
-        return int(json.loads(line).get("step", 0))
-    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return 0
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise MetricsFileError(f"{path} is unreadable: {exc}") from exc
+    lines = [line for line in raw.split(b"\n") if line.strip()]
+    records, torn = [], False
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line.decode("utf-8"))
+            records.append((int(record["step"]), line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            if number == len(lines) and not raw.endswith(b"\n"):
+                torn = True
+                continue
+            raise MetricsFileError(
+                f"{path} line {number} is not a metrics record ({type(exc).__name__}): the file "
+                "is damaged; move it aside to resume"
+            ) from exc
+    return records, torn
+
+
+def rewind_metrics(path: Path, step: int) -> str | None:
+    """Drop metrics lines logged after ``step`` (by a run killed after its last checkpoint) and a
+    torn last line; returns a line saying so when a torn line was dropped."""
+    if not path.is_file():
+        return None
+    records, torn = read_metrics_lines(path)
+    kept = [line for line_step, line in records if line_step <= step]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+    if torn:
+        return f"{path.name}: its last line was torn (a write cut short): dropped"
+    return None

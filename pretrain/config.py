@@ -85,6 +85,11 @@ class TrainSection:
     export_every: int = 1  # Huginn-layout weights every K checkpoints and at the end (0: end only)
     export_dtype: str = "float32"  # or "bfloat16": the exported weights (resume reads the shards)
     profile_steps: int = 0  # > 0: torch.profiler over the first N steps, trace in OUT/profile
+    # Non-finite loss or gradient norm: the update is skipped; this many in a row stop the run
+    max_skipped_steps: int = 20
+    loss_spike_factor: float = 0.0  # > 0: a loss above k x its running median is a spike
+    loss_spike_window: int = 100  # steps in the running median
+    loss_spike_action: str = "warn"  # or "stop": end the run before the spike's update
     log_every: int = 10
     health_every: int = 50
     val_every: int = 100
@@ -209,6 +214,15 @@ class TrainConfig:
             raise TrainConfigError(f"train.keep_last must be >= 1, got {t.keep_last}")
         if t.export_every < 0 or t.profile_steps < 0:
             raise TrainConfigError("train.export_every and train.profile_steps must be >= 0")
+        if t.max_skipped_steps < 0 or t.loss_spike_factor < 0 or t.loss_spike_window < 1:
+            raise TrainConfigError(
+                "train.max_skipped_steps and train.loss_spike_factor must be >= 0, "
+                "train.loss_spike_window >= 1"
+            )
+        if t.loss_spike_action not in ("warn", "stop"):
+            raise TrainConfigError(
+                f"train.loss_spike_action={t.loss_spike_action!r}; choose from warn, stop"
+            )
         if t.export_dtype not in ("float32", "bfloat16"):
             raise TrainConfigError(
                 f"train.export_dtype={t.export_dtype!r}; choose from float32, bfloat16"

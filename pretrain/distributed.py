@@ -12,6 +12,7 @@ of r + k.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -396,4 +397,30 @@ def relaunch_with_torchrun(nproc: int, argv: list[str], module: str | None = Non
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    return subprocess.call(cmd, env=env)
+    return run_forwarding_signals(cmd, env)
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` (torchrun) and wait for it; SIGTERM and SIGINT sent to this launcher are passed
+    on to it (torchrun passes them to its ranks, which checkpoint and stop), so no rank outlives
+    the launcher. Off the main thread the signals keep their handlers."""
+    child = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, frame: Any) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {}
+    for sig in FORWARDED_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, forward)
+        except ValueError:  # not the main thread
+            break
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -36,6 +36,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_config_arguments(p)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/latest")
     p.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="--resume over a changed corpus or tokenizer (the new data is read from its start)",
+    )
+    p.add_argument(
+        "--reset-optimizer",
+        action="store_true",
+        help="--resume a checkpoint without reading its optimizer state (it starts fresh)",
+    )
+    p.add_argument(
         "--max-steps",
         type=int,
         default=None,
@@ -148,16 +158,27 @@ def main(argv: list[str] | None = None) -> int:
     except CallbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return train(config, out, resume=args.resume, max_steps=args.max_steps, callbacks=callbacks)
+    return train(
+        config,
+        out,
+        resume=args.resume,
+        max_steps=args.max_steps,
+        callbacks=callbacks,
+        allow_data_change=args.allow_data_change,
+        reset_optimizer=args.reset_optimizer,
+    )
 
 
 def may_start(out: Path, resume: bool) -> bool:
-    """False (and one line) when a launch without --resume would restart a run in ``out``."""
+    """False (and one line) when a launch without --resume would restart a run in ``out``, or
+    when another run holds ``out``."""
+    from pretrain.run_lock import RunLockedError, check_unlocked
     from pretrain.trainer import RunDirectoryError, refuse_existing_run
 
     try:
+        check_unlocked(out)
         refuse_existing_run(out, resume)
-    except RunDirectoryError as exc:
+    except (RunDirectoryError, RunLockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return False
     return True
@@ -201,13 +222,22 @@ def train(
     resume: bool = False,
     max_steps: int | None = None,
     callbacks: Sequence[Any] = (),
+    **options: bool,
 ) -> int:
-    """Train in this process (one rank) with ``callbacks``; returns an exit code."""
+    """Train in this process (one rank) with ``callbacks``; returns an exit code. ``options``:
+    the Trainer's ``allow_data_change`` and ``reset_optimizer``."""
     from pretrain.distributed import init_distributed, shutdown
+    from pretrain.metrics import json_safe
+    from pretrain.run_lock import RunLockedError, hold_run_directory
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
     try:
-        code, summary = run_trainer(config, out, ctx, resume, max_steps, callbacks)
+        with hold_run_directory(out, ctx):
+            code, summary = run_trainer(config, out, ctx, resume, max_steps, callbacks, **options)
+    except RunLockedError as exc:
+        if ctx.is_main:
+            print(f"error: {exc}", file=sys.stderr)
+        code, summary = 2, {}
     finally:
         # DDP's reducer holds the process group, and its destructor keeps the GIL while gloo's
         # workers may still need it to free their last tensors: a hang at exit. The trainer goes
@@ -220,28 +250,43 @@ def train(
         last = summary.pop("last", {})
         summary["loss"] = last.get("loss")
         summary.update({k: v for k, v in last.items() if k.startswith("val_loss_")})
-        print(json.dumps(summary))
+        print(json.dumps(json_safe(summary), allow_nan=False))
     return 0
 
 
 def run_trainer(
-    config, out: Path, ctx, resume: bool, max_steps: int | None, callbacks: Sequence[Any] = ()
+    config,
+    out: Path,
+    ctx,
+    resume: bool,
+    max_steps: int | None,
+    callbacks: Sequence[Any] = (),
+    **options: bool,
 ) -> tuple[int, dict[str, Any]]:
     """(exit code, summary) of one rank's training; nothing of the trainer outlives the call, even
     when it raises (the traceback's frames are cleared), so ``train`` can destroy the group."""
     from pretrain.checkpoint_manager import CheckpointWriteError
+    from pretrain.checkpointing import MetricsFileError, ResumeError
     from pretrain.data import DataError
+    from pretrain.loss_guard import TrainingStopped
     from pretrain.startup_checks import StartupError
-    from pretrain.trainer import RunDirectoryError, Trainer
+    from pretrain.trainer import RunDirectoryError, Trainer, TrainingError
 
     try:
-        trainer = Trainer(config, out, ctx, resume=resume, max_steps=max_steps, callbacks=callbacks)
+        trainer = Trainer(
+            config, out, ctx, resume=resume, max_steps=max_steps, callbacks=callbacks, **options
+        )
     except (DataError, RunDirectoryError, StartupError) as exc:  # one line, not per rank
         print(f"error: {exc}", file=sys.stderr)
         return 2, {}
+    except (ResumeError, TrainingError) as exc:  # agreed by every rank; rank 0 says why
+        if ctx.is_main:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2, {}
+    stops = (CheckpointWriteError, TrainingStopped, TrainingError, MetricsFileError)
     try:
         return 0, trainer.run()
-    except CheckpointWriteError as exc:  # every rank stops; rank 0 says why
+    except stops as exc:  # every rank stops; rank 0 says why
         if ctx.is_main:
             print(f"error: {exc}", file=sys.stderr)
         return 1, {}

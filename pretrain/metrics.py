@@ -110,8 +110,7 @@ class JsonlSink:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
-        clean = {k: _jsonable(v) for k, v in record.items()}
-        self._file.write(json.dumps(clean) + "\n")
+        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -224,6 +223,18 @@ class MetricsWriter:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN / inf (in nested dicts and lists too) written as a string, so
+    ``json.dumps(..., allow_nan=False)`` gives valid JSON."""
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return _jsonable(value)
 
 
 def _jsonable(value: Any) -> Any:

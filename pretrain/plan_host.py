@@ -50,6 +50,9 @@ MIB = 2**20
 EXPORT_FILE_BYTES = 1 * GIB
 DEFAULT_FS_BANDWIDTH_GBS = 100.0  # an assumption to be replaced by the file system's figure
 GPU_GENERATOR_BYTES = 16  # a CUDA/ROCm Philox generator: seed and offset
+# Checksum throughput of one core, GB/s: assumptions (XXH3 runs near memory speed, SHA-256 with
+# the CPU's SHA extensions about 1-2 GB/s), to be replaced by a measurement on the cluster.
+HASH_GBS = {"xxh3_128": 10.0, "sha256": 1.0}
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,7 @@ def plan_host_io(
         shards_read_per_rank=reads.shards_read_max,
         trainer_state_bytes=state,
     )
-    plan.rows = _host_rows(plan, config, ck, reads, gpus_per_node, fs_bandwidth_gbs)
+    plan.rows = _host_rows(plan, config, ck, reads, gpus_per_node, fs_bandwidth_gbs, world)
     return plan
 
 
@@ -207,6 +210,7 @@ def _host_rows(
     reads: DataReads,
     gpus_per_node: int,
     bandwidth: float,
+    world: int = 1,
 ) -> list[HostRow]:
     """The printed rows of a host plan."""
     mode = (
@@ -240,12 +244,28 @@ def _host_rows(
             f"{ck.total / (bandwidth * 1e9):.1f}",
             f"+ {ck.export / (bandwidth * 1e9):.1f} s export ({gib(ck.export)}) {cadence}",
         ),
+        checksum_row(ck, world),
         HostRow(
             "trainer state per rank",
             f"{plan.trainer_state_bytes / 1024:.1f} KiB",
             "loader position (also after a resize) + RNG states",
         ),
     ]
+
+
+def checksum_row(ck: CheckpointBytes, world: int) -> HostRow:
+    """The checksum cost of one checkpoint: each rank hashes what it writes while writing it; a
+    resume verifies every file once, each rank a share (pretrain/integrity.py)."""
+    from pretrain.integrity import HASH_NAME
+
+    rate = HASH_GBS[HASH_NAME] * 1e9
+    verify = -(-ck.total // world)
+    return HostRow(
+        "checksums per checkpoint",
+        f"{ck.per_rank / rate:.2f} s per rank",
+        f"{HASH_NAME} while writing, at an assumed {HASH_GBS[HASH_NAME]:g} GB/s per core; a "
+        f"resume verifies {gib(verify)} per rank ({verify / rate:.2f} s)",
+    )
 
 
 def format_host_plan(plan: HostPlan) -> str:

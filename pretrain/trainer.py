@@ -4,7 +4,6 @@ validation at several depths and telemetry. One ``Trainer`` per process (rank)."
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -24,12 +23,12 @@ from .checkpointing import (
     capture_rng,
     load_model_shards,
     load_optimizer_shards,
+    model_tensors,
     optimizer_tensors,
     parameter_names,
     read_rank_state,
     read_state,
     restore_rng,
-    rewind_metrics,
 )
 from .config import TrainConfig
 from .distributed import (
@@ -38,6 +37,8 @@ from .distributed import (
     local_optimizer,
     preflight_all_reduce,
 )
+from .integrity import nonfinite_tensor
+from .loss_guard import LossGuard
 from .metrics import (
     MetricsLogger,
     MetricsWriter,
@@ -51,11 +52,20 @@ from .metrics import (
 )
 from .optimizer import ClippedAtanAdam, clip_grads_, global_grad_norm, parameter_groups
 from .precision import resolve_precision
+from .resume import (
+    CheckpointRejected,
+    MetricsFileError,
+    check_identity,
+    check_optimizer_state,
+    config_changes,
+    file_sha256,
+    prepare_metrics_file,
+    resume_checkpoint,
+)
 from .schedule import Schedule
 from .startup_checks import check_fused_attention
 from .strategy import from_config
 
-MAX_SKIPPED_IN_A_ROW = 20
 HEALTH_HOOKS = (hook_names.STATE, hook_names.E, hook_names.LATENT, hook_names.FINAL_NORM)
 
 
@@ -112,8 +122,12 @@ class Trainer:
         resume: bool = False,
         max_steps: int | None = None,
         callbacks: Sequence[TrainerCallback] = (),
+        allow_data_change: bool = False,
+        reset_optimizer: bool = False,
     ) -> None:
         self.config, self.ctx = config, ctx
+        self.allow_data_change, self.reset_optimizer = allow_data_change, reset_optimizer
+        self.config_changes: dict[str, list[Any]] = {}
         self.callbacks = list(callbacks)
         self.out = Path(out_dir)
         refuse_existing_run(self.out, resume)
@@ -159,10 +173,16 @@ class Trainer:
             1_000_003 * (t.seed + 1) + self.ctx.rank
         )
         self._build_loader()
-        latest = self.checkpoints.directory.latest() if resume else None
-        if latest is not None:
-            self._restore(latest)
-        elif resume and self.ctx.is_main:
+        self.tokenizer_hash = file_sha256(self.prepared.tokenizer_path)
+        self.guard = LossGuard(
+            t.max_skipped_steps, t.loss_spike_factor, t.loss_spike_window, t.loss_spike_action
+        )
+        latest = None
+        if resume:
+            latest = resume_checkpoint(
+                self.checkpoints.directory, self.ctx, self._restore, self.reset_optimizer
+            )
+        if latest is None and resume and self.ctx.is_main:
             print(f"--resume: no checkpoint in {self.checkpoints.directory.root}; starting at 0")
         self.tokens_per_step = (
             t.micro_batch_size * t.grad_accum * self.prepared.block_size * self.ctx.world_size
@@ -220,10 +240,13 @@ class Trainer:
         """run.json (or run-resume-N.json) and the metrics sinks, rewound to the resumed step."""
         t = self.train_cfg
         metrics_path = self.out / "metrics.jsonl"
+        problem = None
         if self.ctx.is_main:
             self._write_run_info(resumed_from=self.resumed_from)
-            if self.resumed_from is not None:
-                rewind_metrics(metrics_path, self.step)
+            problem = prepare_metrics_file(metrics_path, self.resumed_from, self.step)
+        problem = self.checkpoints.shared(problem)
+        if problem:
+            raise MetricsFileError(problem)
         writer = MetricsWriter(
             metrics_path if self.ctx.is_main else None,
             tensorboard=t.tensorboard,
@@ -253,6 +276,7 @@ class Trainer:
             "python": platform.python_version(),
             "resumed_from": str(resumed_from) if resumed_from else None,
             "started_at_step": self.step,
+            "config_changes": self.config_changes,
         }
         name = "run.json" if resumed_from is None else f"run-resume-{self.step:07d}.json"
         (self.out / name).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -261,11 +285,19 @@ class Trainer:
         """Weights, optimizer moments, counters, data position and RNG from a checkpoint written
         by any number of ranks (each rank reads only the slices it holds and its own state)."""
         state = read_state(path)
-        group = self.checkpoints.group
-        load_model_shards(self.model, path, group)
-        load_optimizer_shards(local_optimizer(self.optimizer), self.names, path, group)
+        data_changes = check_identity(
+            path,
+            state,
+            self.model_config,
+            self.prepared.corpus_hash,
+            self.tokenizer_hash,
+            self.allow_data_change,
+        )
+        self._load_tensors(path, state)
         self.step, self.skipped, self.tokens = state["step"], state["skipped"], state["tokens"]
-        if state["world_size"] == self.ctx.world_size:
+        if data_changes:
+            self._restart_data(path, state, data_changes)
+        elif state["world_size"] == self.ctx.world_size:
             mine = read_rank_state(path, self.ctx.rank, state)
             self.loader.load_state_dict(mine["loader"])
             for note in restore_rng(mine["rng"], {"noise": self.noise}, self.device):
@@ -273,8 +305,48 @@ class Trainer:
         else:
             self._redeal_data(self._old_loader_states(path, state))
         self.loader_iter = iter(self.loader)
+        self._note_config_changes(path, state)
         if self.ctx.is_main:
             print(f"resumed from {path} at step {self.step}")
+
+    def _load_tensors(self, path: Path, state: dict[str, Any]) -> None:
+        """Weights and (unless --reset-optimizer) moments; CheckpointRejected when the optimizer
+        state is missing or the weights hold NaN or inf (the same verdict on every rank)."""
+        group, optimizer = self.checkpoints.group, local_optimizer(self.optimizer)
+        optimizer.state.clear()  # a rejected checkpoint tried before leaves nothing behind
+        load_model_shards(self.model, path, group)
+        if self.reset_optimizer:
+            if self.ctx.is_main:
+                print(
+                    f"--reset-optimizer: {path.name}'s optimizer state is not read; it starts fresh"
+                )
+        else:
+            check_optimizer_state(path, state, set(self.names.values()))
+            load_optimizer_shards(optimizer, self.names, path, group)
+        bad = [
+            b for b in self.ctx.all_gather_object(nonfinite_tensor(model_tensors(self.model))) if b
+        ]
+        if bad:
+            raise CheckpointRejected(f"its weights hold non-finite values ({bad[0]})")
+
+    def _restart_data(self, path: Path, state: dict[str, Any], changes: list[str]) -> None:
+        """--allow-data-change: the new data is read from its start; RNG states carry over."""
+        if state["world_size"] == self.ctx.world_size:
+            mine = read_rank_state(path, self.ctx.rank, state)
+            restore_rng(mine["rng"], {"noise": self.noise}, self.device)
+        if self.ctx.is_main:
+            print(
+                f"resume: {' and '.join(changes)}; --allow-data-change: training goes on from "
+                "the start of the new data"
+            )
+
+    def _note_config_changes(self, path: Path, state: dict[str, Any]) -> None:
+        """Print the configuration keys that differ from the checkpoint's; they are recorded in
+        run-resume-N.json and the first metrics record."""
+        self.config_changes = config_changes(state.get("config", {}), self.config.to_dict())
+        if self.config_changes and self.ctx.is_main:
+            diff = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in self.config_changes.items())
+            print(f"resume: the config differs from {path.name}'s: {diff}")
 
     def _old_loader_states(self, path: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
         """Every saved rank's loader state, for a resume on another rank count: rank 0 reads the
@@ -309,7 +381,13 @@ class Trainer:
             try:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread
-                pass
+                if self.ctx.is_main and not previous:
+                    print(
+                        "signals: the trainer runs off the main thread and cannot install its "
+                        "SIGTERM/SIGUSR1 handlers: a signal ends the process without a checkpoint",
+                        flush=True,
+                    )
+                break
         return previous
 
     # One optimizer step ----------------------------------------------------------------------------
@@ -352,14 +430,15 @@ class Trainer:
         total_loss = self._forward_backward(depth)
         grad_norm = global_grad_norm(self.params)
         lr = self.schedule.apply(self.optimizer, self.step)
-        skipped = not math.isfinite(grad_norm)
+        loss_value = float(self.ctx.all_reduce(total_loss)) / self.ctx.world_size
+        verdict = self.guard.check(self.step + 1, loss_value, grad_norm)  # may stop the run
+        skipped = verdict == "skip"
         if skipped:
             self.skipped += 1
         else:
             clip_grads_(self.params, t.grad_clip, grad_norm)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = float(self.ctx.all_reduce(total_loss)) / self.ctx.world_size
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -384,6 +463,10 @@ class Trainer:
             record["mfu"] = record["flops_per_s_per_device"] / self.peak
         if skipped:
             record["skipped"] = True
+        if verdict == "spike":
+            record["loss_spike"] = True
+        if self.config_changes and self.step == self._first_step + 1:
+            record["config_changes"] = self.config_changes
         return record
 
     # Evaluation ------------------------------------------------------------------------------------
@@ -474,6 +557,7 @@ class Trainer:
             "schedule": asdict(self.schedule),
             "config": self.config.to_dict(),
             "corpus_hash": self.prepared.corpus_hash,
+            "tokenizer_hash": self.tokenizer_hash,
         }
         optimizer = optimizer_tensors(local_optimizer(self.optimizer), self.names)
         return Snapshot(self.step, self.model, optimizer, rank_state, state, final)
@@ -498,6 +582,7 @@ class Trainer:
         if self.step >= self.stop_at:
             return self._nothing_to_train(started)
         self._open_metrics()
+        self._first_step = self.step
         previous = self._install_signals()
         bar = self._progress_bar()
         self._saved_step = self.step if self.resumed_from is not None else -1
@@ -521,14 +606,12 @@ class Trainer:
     def _loop(self, bar: Any, profiler: StepProfiler) -> dict[str, Any]:
         """The steps until the stop step or an agreed signal; returns the last record."""
         record: dict[str, Any] = {}
-        skipped_in_row = 0
         while self.step < self.stop_at:
             notify(self.callbacks, "on_step_start", self)
             record = self._guarded_step()
             notify(self.callbacks, "on_step_end", self, record)
             profiler.step()
-            skipped_in_row = skipped_in_row + 1 if record.get("skipped") else 0
-            self._check_skipped(record, skipped_in_row, bar)
+            self._report_guard(record, bar)
             at_end = self.step >= self.stop_at
             self._evaluate(record, at_end)
             self.metrics.log(record, at_end)
@@ -545,17 +628,22 @@ class Trainer:
             print(memory_snapshot_on_oom(self.device, self.out, self.ctx.rank), flush=True)
             raise
 
-    def _check_skipped(self, record: dict[str, Any], in_a_row: int, bar: Any) -> None:
-        if record.get("skipped") and self.ctx.is_main:
+    def _report_guard(self, record: dict[str, Any], bar: Any) -> None:
+        """One line for a skipped update or a warned loss spike (rank 0)."""
+        if not self.ctx.is_main:
+            return
+        if record.get("skipped"):
             self._say(
                 bar,
-                f"step {self.step}: non-finite gradient norm (loss {record['loss']}); update "
-                f"skipped ({self.skipped} skipped so far)",
+                f"step {self.step}: non-finite gradient norm or loss (loss {record['loss']}, "
+                f"gradient norm {record['grad_norm']}); update skipped ({self.skipped} skipped "
+                "so far)",
             )
-        if in_a_row >= MAX_SKIPPED_IN_A_ROW:
-            raise TrainingError(
-                f"{in_a_row} steps in a row had a non-finite loss/gradient "
-                f"(last loss {record['loss']}); lower train.lr or check the data"
+        if record.get("loss_spike"):
+            self._say(
+                bar,
+                f"step {self.step}: loss spike: {record['loss']:.4g} is above "
+                f"{self.train_cfg.loss_spike_factor:g} x its running median (update applied)",
             )
 
     def _evaluate(self, record: dict[str, Any], at_end: bool) -> None:

@@ -76,17 +76,24 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     atomic_write_bytes(path, text.encode(encoding))
 
 
-def publish_directory(staging: str | os.PathLike, target: str | os.PathLike) -> None:
+def publish_directory(
+    staging: str | os.PathLike, target: str | os.PathLike, fsync_files: bool = True
+) -> None:
     """Make a complete directory ``staging`` take the place of ``target``, in two renames.
 
-    Everything under ``staging`` is fsynced first. Then an existing ``target`` is moved aside to a
+    Everything under ``staging`` is fsynced first (with ``fsync_files=False`` only its
+    directories: the files' writers synced them, e.g. each rank its own). Then an existing ``target`` is moved aside to a
     hidden ``.NAME.old-*`` sibling, and ``staging`` is renamed to ``target`` (the old one is deleted
     afterwards). A kill between the two renames leaves ``target`` missing and the previous content
     complete under ``.NAME.old-*`` (``load_model`` names it in its error).
     """
     staging, target = Path(staging), Path(target)
-    for child in staging.rglob("*"):
-        fsync_path(child)
+    if fsync_files:
+        for child in staging.rglob("*"):
+            fsync_path(child)
+    else:
+        for directory, _, _ in os.walk(staging):
+            fsync_path(directory)
     fsync_path(staging)
     trash = None
     if target.exists():

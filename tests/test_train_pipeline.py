@@ -186,29 +186,31 @@ def test_nonfinite_loss_is_skipped_counted_and_reported(setup, tmp_path, capsys)
 
     tr.Trainer.train_step = poisoned
     try:
-        with pytest.raises(tr.TrainingError, match="non-finite"):
-            launch_main(
-                [
-                    "--config",
-                    str(config),
-                    "--out",
-                    str(tmp_path / "nan"),
-                    "--set",
-                    "train.max_steps=40",
-                    "--set",
-                    "train.val_every=100",
-                    "--set",
-                    "train.health_every=100",
-                    "--set",
-                    "train.checkpoint_every=100",
-                ]
-            )
+        code = launch_main(
+            [
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "nan"),
+                "--set",
+                "train.max_steps=40",
+                "--set",
+                "train.val_every=100",
+                "--set",
+                "train.health_every=100",
+                "--set",
+                "train.checkpoint_every=100",
+            ]
+        )
     finally:
         tr.Trainer.train_step = orig
+    assert code == 1  # the 21st non-finite step in a row stops the run before its update
     rows = metrics(tmp_path / "nan")
     assert rows[2]["skipped"] is True and rows[2]["loss"] == "nan"
-    assert rows[-1]["skipped_steps"] == len(rows) - 2
-    assert "non-finite gradient norm" in capsys.readouterr().out
+    assert rows[-1]["skipped_steps"] == len(rows) - 2 == 20
+    captured = capsys.readouterr()
+    assert "non-finite gradient norm" in captured.out
+    assert captured.err.count("\n") == 1 and "21 non-finite step(s) in a row" in captured.err
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])

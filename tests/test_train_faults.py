@@ -1,0 +1,539 @@
+"""The fault table of docs/pretraining.md, one test per row: corrupt, missing and truncated
+checkpoint files, a missing optimizer state, non-finite weights and losses, loss spikes, changed
+data and shape, a second launch into a run's directory, torn and damaged metrics, SIGTERM to the
+local launcher, and a write failure on one rank. Each fault is recovered and said in one line,
+refused in one line, or stopped with a named error and nothing published."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, write_config, write_corpus
+from safetensors.torch import load_file
+from test_train_checkpoints import tree_digest
+from test_train_dcp import launch
+
+import recurrent_model
+from pretrain import checkpointing as ck
+from pretrain.launch import main as launch_main
+
+STEPS = ("step-0000002", "step-0000004")
+
+
+def run_launch(*args: str) -> tuple[int, str, str]:
+    """``pretrain/launch.py`` in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = launch_main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A 4-step run with checkpoints at steps 2 and 4, launched over a stale lock file."""
+    root = tmp_path_factory.mktemp("faults")
+    write_corpus(root / "corpus", docs=60)
+    config = write_config(
+        root / "tiny.yaml",
+        root / "corpus",
+        root / "data",
+        max_steps=4,
+        micro_batch_size=1,
+        checkpoint_every=2,
+        keep_last=5,
+        health_every=100,
+        val_every=100,
+        val_batches=1,
+        warmup_steps=1,
+        tensorboard=False,
+    )
+    run = root / "run"
+    run.mkdir()
+    stale = {"host": "node-gone", "pid": 999999, "started": 1.0}
+    (run / ".run.lock").write_text(json.dumps(stale))
+    code, out, err = run_launch("--config", str(config), "--out", str(run))
+    assert code == 0, out + err
+    return root, config, run, out
+
+
+def copy_run(base, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(base[2], run)
+    return run
+
+
+def resume(base, run: Path, *extra: str) -> tuple[int, str, str]:
+    return run_launch("--config", str(base[1]), "--out", str(run), "--resume", *extra)
+
+
+def strict_json(line: str) -> dict:
+    """``json.loads`` that refuses NaN and Infinity (they are not JSON)."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def metrics(run: Path) -> list[dict]:
+    return [strict_json(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def one_file(checkpoint: Path, pattern: str) -> Path:
+    [path] = checkpoint.glob(pattern)
+    return path
+
+
+# Checkpoint integrity ---------------------------------------------------------------------------
+def test_corrupted_model_shard_falls_back_and_is_kept(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    shard = one_file(run / "checkpoints" / STEPS[1], "shards/*-00001-of-*.safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-8:] = struct.pack("<ff", float("inf"), float("inf"))
+    shard.write_bytes(bytes(data))
+    code, out, err = resume(base, run, "--max-steps", "4")
+    assert code == 0, out + err
+    name = shard.relative_to(shard.parent.parent).as_posix()
+    assert f"step-0000004 fails verification: {name} (model shard) is corrupted" in out
+    assert "fell back to step-0000002, the newest checkpoint that verifies" in out
+    [kept] = [p for p in (run / "checkpoints" / ck.REJECTED_DIR).iterdir() if p.is_dir()]
+    assert (kept / name).read_bytes() == bytes(data)  # the bad one, untouched
+    latest = run / "checkpoints" / STEPS[1]  # trained again from step 2
+    assert (run / "checkpoints" / ck.LATEST).read_text().strip() == STEPS[1]
+    weights = load_file(latest / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    summary = strict_json(out.strip().splitlines()[-1])
+    assert summary["step"] == 4
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fault", "part", "said"),
+    [
+        ("shards/*-00001-of-*.safetensors", "truncate", "model shard", "is truncated"),
+        ("shards/*-00002-of-*.safetensors", "delete", "optimizer shard", "is missing"),
+        ("ranks/rank-000000.json", "corrupt", "rank state", "is corrupted"),
+        ("tokenizer.json", "corrupt", "tokenizer", "is corrupted"),
+        ("config.json", "delete", "config", "is missing"),
+    ],
+)
+def test_a_bad_file_in_any_part_is_named_and_resume_falls_back(
+    base, tmp_path, pattern, fault, part, said
+):
+    run = copy_run(base, tmp_path)
+    path = one_file(run / "checkpoints" / STEPS[1], pattern)
+    if fault == "truncate":
+        os.truncate(path, path.stat().st_size // 2)
+    elif fault == "delete":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    code, out, err = resume(base, run, "--max-steps", "2")  # step 2 is the stop step
+    assert code == 0, out + err
+    name = path.relative_to(run / "checkpoints" / STEPS[1]).as_posix()
+    assert f"step-0000004 fails verification: {name} ({part}) {said}" in out
+    assert "fell back to step-0000002" in out and "nothing to train" in out
+    assert len(list((run / "checkpoints" / ck.REJECTED_DIR).glob("step-0000004.*.why.txt"))) == 1
+
+
+def test_the_plan_shows_the_checksum_cost(base):
+    code, out, err = run_launch("--config", str(base[1]), "--plan")
+    assert code == 0, out + err
+    [row] = [line for line in out.splitlines() if "checksums per checkpoint" in line]
+    assert " s per rank" in row and "while writing" in row and "a resume verifies" in row
+
+
+def test_latest_naming_a_deleted_step_falls_back(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    (run / "checkpoints" / ck.LATEST).write_text("step-0000009\n")
+    code, out, err = resume(base, run, "--max-steps", "4")
+    assert code == 0, out + err
+    assert "latest names 'step-0000009', which is not a complete checkpoint" in out
+    assert "fell back to step-0000004" in out
+    assert (run / "checkpoints" / ck.LATEST).read_text().strip() == STEPS[1]
+
+
+def test_missing_optimizer_state_is_refused_unless_reset_optimizer(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    for step in STEPS:
+        one_file(run / "checkpoints" / step, "shards/*-00002-of-*.safetensors").unlink()
+    before = tree_digest(run)
+    code, out, err = resume(base, run, "--max-steps", "4")
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "no checkpoint in" in err and "(optimizer shard) is missing" in err
+    assert "--reset-optimizer" in err
+    assert tree_digest(run) == before
+    code, out, err = resume(base, run, "--max-steps", "4", "--reset-optimizer")
+    assert code == 0, out + err
+    assert "step-0000004's optimizer state is not read; it starts fresh" in out
+
+
+def test_missing_optimizer_state_without_a_manifest_is_refused(base, tmp_path):
+    """A checkpoint written without a manifest (older ones) is still checked for its optimizer
+    state: the moments are never reset silently."""
+    run = copy_run(base, tmp_path)
+    for step in STEPS:
+        checkpoint = run / "checkpoints" / step
+        (checkpoint / "manifest.json").unlink()
+        state = json.loads((checkpoint / ck.STATE_JSON).read_text())
+        del state["manifest"]
+        (checkpoint / ck.STATE_JSON).write_text(json.dumps(state))
+        one_file(checkpoint, "shards/*-00002-of-*.safetensors").unlink()
+    code, out, err = resume(base, run, "--max-steps", "4")
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "its optimizer state is missing (0 of " in err and "--reset-optimizer" in err
+
+
+def test_non_finite_weights_in_a_checkpoint_without_a_manifest_fall_back(base, tmp_path):
+    """A checkpoint whose files cannot be checked (no manifest) but whose weights hold inf is
+    refused once loaded, and the resume falls back."""
+    run = copy_run(base, tmp_path)
+    checkpoint = run / "checkpoints" / STEPS[1]
+    (checkpoint / "manifest.json").unlink()
+    state = json.loads((checkpoint / ck.STATE_JSON).read_text())
+    del state["manifest"]
+    (checkpoint / ck.STATE_JSON).write_text(json.dumps(state))
+    shard = one_file(checkpoint, "shards/*-00001-of-*.safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-8:] = struct.pack("<ff", float("inf"), float("inf"))
+    shard.write_bytes(bytes(data))
+    code, out, err = resume(base, run, "--max-steps", "2")
+    assert code == 0, out + err
+    assert "step-0000004 fails verification: its weights hold non-finite values (" in out
+    assert "fell back to step-0000002" in out
+
+
+# Nothing non-finite is published ----------------------------------------------------------------
+def poison_weights_after_step(monkeypatch, step: int) -> None:
+    import pretrain.trainer as tr
+
+    original = tr.Trainer.train_step
+
+    def poisoned(self):
+        if self.step == step:
+            with torch.no_grad():
+                self.model.transformer.ln_f.weight.fill_(float("nan"))
+        return original(self)
+
+    monkeypatch.setattr(tr.Trainer, "train_step", poisoned)
+
+
+@pytest.mark.parametrize("max_skipped", [0, 5])
+def test_non_finite_steps_and_weights_are_never_published(base, tmp_path, monkeypatch, max_skipped):
+    """NaN weights after step 2: with max_skipped_steps 0 the run stops at step 3 before the
+    update; with 5 the updates of steps 3 and 4 are skipped and the step-4 checkpoint, whose
+    weights are NaN, is not written. Either way latest stays on step 2 and the exit is 1."""
+    poison_weights_after_step(monkeypatch, 2)
+    run = tmp_path / "nan"
+    code, out, err = run_launch(
+        "--config",
+        str(base[1]),
+        "--out",
+        str(run),
+        "--set",
+        f"train.max_skipped_steps={max_skipped}",
+    )
+    assert code == 1 and err.count("\n") == 1, out + err
+    if max_skipped == 0:
+        assert "step 3: loss nan, gradient norm nan: 1 non-finite step(s) in a row" in err
+        assert [r["step"] for r in metrics(run)] == [1, 2]
+    else:
+        assert "checkpoint step 4 was not written: the weights hold non-finite values" in err
+        assert "(rank 0: transformer.ln_f.weight); latest still names step-0000002" in err
+    assert ck.CheckpointDirectory(run / "checkpoints").steps() == [2]
+    assert (run / "checkpoints" / ck.LATEST).read_text().strip() == STEPS[0]
+
+
+def scale_loss_at(monkeypatch, step: int, factor: float) -> None:
+    """Multiply the training loss of step ``step`` (1-based) by ``factor``."""
+    calls = []
+    original = recurrent_model.RecurrentLM.forward
+
+    def forward(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if self.training and kwargs.get("labels") is not None:
+            calls.append(1)
+            if len(calls) == step:
+                out.loss = out.loss * factor
+        return out
+
+    monkeypatch.setattr(recurrent_model.RecurrentLM, "forward", forward)
+
+
+@pytest.mark.parametrize("action", ["warn", "stop"])
+def test_loss_spike_warns_or_stops_before_the_update(base, tmp_path, monkeypatch, action):
+    scale_loss_at(monkeypatch, 4, 50.0)
+    run = tmp_path / "spike"
+    spike = ["train.loss_spike_factor=3", "train.loss_spike_window=2"]
+    args = ["--config", str(base[1]), "--out", str(run)]
+    for setting in [*spike, f"train.loss_spike_action={action}"]:
+        args += ["--set", setting]
+    code, out, err = run_launch(*args)
+    if action == "warn":
+        assert code == 0, out + err
+        assert "step 4: loss spike: " in out and "above 3 x its running median" in out
+        assert [r.get("loss_spike", False) for r in metrics(run)] == [False] * 3 + [True]
+        strict_json(out.strip().splitlines()[-1])
+    else:
+        assert code == 1 and err.count("\n") == 1, out + err
+        assert "step 4: loss " in err and "is above 3 x the running median" in err
+        assert ck.CheckpointDirectory(run / "checkpoints").steps() == [2]
+
+
+def test_summary_is_valid_json_when_the_last_loss_is_nan(base, tmp_path, monkeypatch):
+    scale_loss_at(monkeypatch, 4, float("nan"))
+    run = tmp_path / "nan-last"
+    code, out, err = run_launch("--config", str(base[1]), "--out", str(run))
+    assert code == 0, out + err
+    summary = strict_json(out.strip().splitlines()[-1])
+    assert summary["loss"] == "nan" and summary["skipped"] == 1
+    assert metrics(run)[-1]["skipped"] is True
+
+
+# Identity on resume -----------------------------------------------------------------------------
+def test_changed_corpus_is_refused_unless_allow_data_change(base, tmp_path):
+    root, config, _, _ = base
+    corpus = tmp_path / "corpus"
+    shutil.copytree(root / "corpus", corpus)
+    doc = corpus / "doc000.txt"  # the same words in another order: the same rows, other text
+    doc.write_text(" ".join(reversed(doc.read_text().split())) + "\n")
+    run = copy_run(base, tmp_path)
+    data = ["--set", f"data.sources=[{corpus}]", "--set", f"data.cache_dir={tmp_path / 'data'}"]
+    before = tree_digest(run)
+    code, out, err = resume(base, run, "--max-steps", "4", *data)
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "cannot resume from step-0000004: the corpus changed" in err
+    assert "pass --allow-data-change" in err
+    assert tree_digest(run) == before
+    code, out, err = resume(base, run, "--max-steps", "4", *data, "--allow-data-change")
+    assert code == 0, out + err
+    assert "the corpus changed" in out and "training goes on from the start of the new data" in out
+
+
+def test_changed_shape_is_refused_even_with_allow_data_change(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    shape = ["--set", "model.overrides.n_embd=48", "--allow-data-change"]
+    code, out, err = resume(base, run, "--max-steps", "6", *shape)
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "cannot resume from step-0000004: the model's shape differs" in err
+    assert "n_embd 32 -> 48" in err
+
+
+def test_config_changes_are_printed_and_recorded(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    code, out, err = resume(
+        base, run, "--max-steps", "5", "--set", "train.max_steps=5", "--set", "train.lr=0.001"
+    )
+    assert code == 0, out + err
+    assert "the config differs from step-0000004's: train.lr: 0.003 -> 0.001" in out
+    rows = metrics(run)
+    assert rows[-1]["step"] == 5 and rows[-1]["config_changes"]["train.lr"] == [0.003, 0.001]
+    info = json.loads((run / "run-resume-0000004.json").read_text())
+    assert info["config_changes"]["train.max_steps"] == [4, 5]
+
+
+# One run per directory --------------------------------------------------------------------------
+def test_a_second_launch_is_refused_while_the_first_holds_the_directory(base, tmp_path):
+    from pretrain.config import load_config
+    from pretrain.launch import train
+    from pretrain.run_lock import RunLock
+
+    run = copy_run(base, tmp_path)
+    holder = RunLock.acquire(run)  # the first run
+    try:
+        before = tree_digest(run)
+        named = f"is in use by another run (pid {os.getpid()} on host {socket.gethostname()}"
+        for launcher in ([], ["--nproc", "2"]):  # refused before torchrun starts any rank
+            code, out, err = resume(base, run, *launcher)
+            assert code == 2 and err.count("\n") == 1 and named in err, out + err
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):  # past the launcher's check: rank 0 refuses
+            assert train(load_config(base[1]), run, resume=True) == 2
+        assert named in err.getvalue()
+        assert tree_digest(run) == before
+    finally:
+        holder.release()
+
+
+def test_a_stale_lock_is_reported(base):
+    out = base[3]
+    assert "a stale lock of pid 999999 on host node-gone since" in out
+    assert "was left by a run that ended without releasing it" in out
+
+
+# Signals ----------------------------------------------------------------------------------------
+def test_signal_handlers_off_the_main_thread_say_they_are_missing(base, tmp_path):
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            run_launch("--config", str(base[1]), "--out", str(tmp_path / "t"), "--max-steps", "1")
+        )
+    )
+    thread.start()
+    thread.join(120)
+    [(code, out, err)] = results
+    assert code == 0, out + err
+    assert "cannot install its SIGTERM/SIGUSR1 handlers" in out
+
+
+RANK_MODULE = """
+import os, signal, sys, time
+out = sys.argv[1]
+rank = os.environ["RANK"]
+def stop(signum, frame):
+    open(os.path.join(out, "term" + rank), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+with open(os.path.join(out, "pid" + rank), "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_local_launcher_reaches_every_rank(tmp_path):
+    (tmp_path / "fault_rank.py").write_text(RANK_MODULE)
+    driver = (
+        "import sys\nfrom pretrain.distributed import relaunch_with_torchrun\n"
+        f"sys.exit(relaunch_with_torchrun(2, [{str(tmp_path)!r}], module='fault_rank'))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    proc = subprocess.Popen([sys.executable, "-c", driver], env=env, cwd=REPO)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"pid{r}").is_file() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert [(tmp_path / f"term{r}").exists() for r in (0, 1)] == [True, True]
+        assert not any(alive(pid) for pid in pids)  # no rank outlives the launcher
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+
+
+# No hang on one rank's failure; two ranks ---------------------------------------------------------
+def disk_full_on_rank_0() -> object:
+    """A ``--callback`` for the ranks: rank 0's config.json write of step 4 fails (ENOSPC)."""
+    import errno
+
+    from pretrain.callbacks import TrainerCallback
+    from recurrent_model import RecurrentConfig
+
+    to_json = RecurrentConfig.to_json
+
+    def failing(self: RecurrentConfig, path: Path) -> None:
+        if os.environ.get("RANK") == "0" and ".step-0000004" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        to_json(self, path)
+
+    RecurrentConfig.to_json = failing  # type: ignore[method-assign]
+    return TrainerCallback()
+
+
+@pytest.mark.slow
+def test_disk_full_on_one_rank_stops_every_rank_with_one_named_error(base, tmp_path):
+    """Rank 0's config.json write of step 4 fails: every rank stops with the same named error
+    (no rank waits in a barrier), latest stays on step 2. Then, on the 2-rank checkpoint, rank
+    1's optimizer shard goes missing: a resume names the file and refuses."""
+    run = tmp_path / "two"
+    injected = ("--callback", "test_train_faults:disk_full_on_rank_0")
+    proc = launch(tmp_path, base[1], run, 2, "distributed.strategy=ddp", extra=injected, wait=False)
+    assert proc is not None
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, output[-3000:]
+    assert f'File "{REPO / "pretrain"}' not in output, output[-3000:]  # no rank's traceback
+    said = "error: checkpoint step 4 was not published: the write failed (rank 0: OSError(28, "
+    assert output.count(said) == 1, output[-3000:]
+    assert "latest still names step-0000002" in output
+    assert ck.CheckpointDirectory(run / "checkpoints").steps() == [2]
+    shards = run / "checkpoints" / STEPS[0] / ck.SHARDS_DIR
+    assert len(list(shards.glob("*-00002-of-*.safetensors"))) == 2
+    one_file(shards, "shard-00002-*-00002-of-*.safetensors").unlink()
+    code, out, err = resume(base, run)
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "shards/shard-00002-model-00002-of-00002.safetensors (optimizer shard) is missing" in err
+
+
+# Publishing at scale -----------------------------------------------------------------------------
+def test_rank_0_publishes_without_syncing_the_ranks_files(base, tmp_path, monkeypatch):
+    """Each rank syncs the files it writes (DCP's shards, its state file); the publish on rank 0
+    syncs directories only, not the thousands of files of a large run."""
+    from recurrent_model import atomic_io
+
+    synced: list[tuple[Path, bool]] = []  # (path, a directory)
+    real = atomic_io.fsync_path
+
+    def recording(path):
+        synced.append((Path(path), Path(path).is_dir()))
+        real(path)
+
+    monkeypatch.setattr(atomic_io, "fsync_path", recording)
+    run = tmp_path / "published"
+    code, out, err = run_launch("--config", str(base[1]), "--out", str(run), "--max-steps", "2")
+    assert code == 0, out + err
+    files = [p for p, is_dir in synced if "step-0000002" in str(p) and not is_dir]
+    assert len(synced) > 3 and files == [], files
+
+
+# Logs ---------------------------------------------------------------------------------------------
+def test_a_torn_metrics_line_is_repaired_on_resume(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "loss": 5.1, "grad_n')  # a write cut short by a kill
+    code, out, err = resume(base, run, "--max-steps", "5", "--set", "train.max_steps=5")
+    assert code == 0, out + err
+    assert "metrics.jsonl: its last line was torn (a write cut short): dropped" in out
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5]
+
+
+def test_a_damaged_metrics_file_is_a_named_error(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_bytes(b"".join([lines[0], b"\xff\xfe garbage\n", *lines[1:]]))
+    code, out, err = resume(base, run, "--max-steps", "5", "--set", "train.max_steps=5")
+    assert code == 1 and err.count("\n") == 1, out + err
+    assert "metrics.jsonl line 2 is not a metrics record (UnicodeDecodeError)" in err
+    assert ck.CheckpointDirectory(run / "checkpoints").steps() == [2, 4]  # nothing trained
+
+
+def test_a_fresh_launch_never_appends_to_earlier_metrics(base, tmp_path):
+    run = tmp_path / "fresh"
+    run.mkdir()
+    earlier = '{"step": 1, "loss": 9.0}\n'  # a launch killed before its first checkpoint
+    (run / "metrics.jsonl").write_text(earlier)
+    code, out, err = run_launch("--config", str(base[1]), "--out", str(run), "--max-steps", "1")
+    assert code == 0, out + err
+    assert "metrics.jsonl of an earlier launch (no checkpoint) moved to" in out
+    assert [r["loss"] != 9.0 for r in metrics(run)] == [True]
+    assert (run / "metrics.previous-1.jsonl").read_text() == earlier
