@@ -34,17 +34,7 @@ from pretrain.config import (  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain/launch.py", description=__doc__.split("\n\n")[0])
     add_config_arguments(p)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/latest")
-    p.add_argument(
-        "--allow-data-change",
-        action="store_true",
-        help="--resume over a changed corpus or tokenizer (the new data is read from its start)",
-    )
-    p.add_argument(
-        "--reset-optimizer",
-        action="store_true",
-        help="--resume a checkpoint without reading its optimizer state (it starts fresh)",
-    )
+    add_resume_arguments(p)
     p.add_argument(
         "--max-steps",
         type=int,
@@ -96,6 +86,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="file-system write bandwidth for the checkpoint seconds (default 100, an assumption)",
     )
     return p.parse_args(argv)
+
+
+def add_resume_arguments(p: argparse.ArgumentParser) -> None:
+    """``--resume`` and what a resume may take over: changed data, missing optimizer state."""
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/latest")
+    p.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="--resume over a changed corpus or tokenizer (the new data is read from its start)",
+    )
+    p.add_argument(
+        "--reset-optimizer",
+        action="store_true",
+        help="--resume a checkpoint without reading its optimizer state (it starts fresh)",
+    )
 
 
 def strip_nproc(argv: list[str]) -> list[str]:
