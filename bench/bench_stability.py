@@ -10,7 +10,14 @@
    (printed as an estimate); Anderson and plain iteration run for at most ``--big-passes`` passes
    to 1e-2 (bfloat16 rounding sits near 1e-3).
 
+4. ``--findings`` (instead of 1–3): the numbers docs/stability.md quotes. Every token's block λ_1 on
+   the default prompts from a random s_0 (init_scale 1, seed 0) at 48 steps (the last 24 averaged)
+   and at twice that, with batch-means errors and the neutral count; the numpy-docstring prompt's
+   λ_1 at 48, 96, 128 and 256 steps; the stretch attribution of 4 tokens per prompt after 16
+   iterations, relative (scale-free) and absolute, mean and range per sub-layer.
+
     .venv/bin/python bench/bench_stability.py [--checkpoint checkpoints/default] [--skip-big]
+    .venv/bin/python bench/bench_stability.py --findings
 """
 
 from __future__ import annotations
@@ -19,13 +26,16 @@ import argparse
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
 import recurrent_model as rm
 from recurrent_model import functional as fn
 from workbench.core_map import CoreMap, initial_state
 from workbench.fixed_point import anderson, plain_passes, worst_residual
-from workbench.lyapunov import batched_jvp, lyapunov_run
+from workbench.lyapunov import batched_jvp, estimate, is_neutral, lyapunov_run, token_stretches
+from workbench.stretch_attribution import stretch_attribution
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = (
@@ -36,6 +46,11 @@ PROMPTS = (
     "37 + 48 = 85\n12 * 7 = 84\n245 + 381 = 626",
     "a = 3\nb = a + 4\nc = b * 2\nprint(c)\n# output: 14",
 )  # the app's default prompt and the training-dynamics notebook's texts
+DOCSTRING = (
+    "random_sample        Alias for `random_sample`\n"
+    "randint              Uniformly distributed integers in a given range\n"
+    "seed                 Seed the legacy random number generator.\n"
+)  # the orbits notebook's prompt: 50 of its 55 tokens orbit
 K, STEPS, TOL = 8, 64, 1e-5
 #: bfloat16 keeps 8 mantissa bits, so a residual below ~1e-3 is rounding: the big shape's tolerance.
 BIG_TOL = 1e-2
@@ -139,6 +154,56 @@ def big_shape(passes: int) -> None:
           f"{plain if plain is not None else f'>{passes}'}")  # fmt: skip
 
 
+def prompt_stretches(model: rm.RecurrentLM, text: str, steps: int) -> np.ndarray:
+    """(steps, T) per-step block stretches of every token from the seed-0 random s_0."""
+    core = CoreMap.from_model(model, model.tokenizer.encode(text))
+    return token_stretches(core, initial_state(model, core, 1.0, 0), steps)
+
+
+def exponent_findings(model: rm.RecurrentLM, steps: int = 48) -> None:
+    """λ_1 of every token at ``steps`` and 2·``steps`` with errors; the docstring source token."""
+    found = {steps: [], 2 * steps: []}
+    for text in PROMPTS:
+        stretches = prompt_stretches(model, text, 2 * steps)
+        for n in found:
+            found[n].append(estimate(stretches[:n], n // 2))
+    for n, parts in found.items():
+        lam = np.concatenate([m for m, _ in parts])
+        err = np.concatenate([e for _, e in parts])
+        top = int(lam.argmax())
+        print(f"[4] default prompts, {len(lam)} tokens, {n} steps (last {n - n // 2}): λ_1 from "
+              f"{lam.min():.3f} to {lam[top]:.3f} ± {err[top]:.3f}, median {np.median(lam):.3f}; "
+              f"negative {int((lam < 0).sum())}, neutral {int(is_neutral(lam, err).sum())}")  # fmt: skip
+    stretches = prompt_stretches(model, DOCSTRING, 256)
+    for n in (48, 96, 128, 256):
+        lam, err = estimate(stretches[:n], n // 2)
+        top = int(lam.argmax())
+        print(f"[4] docstring prompt, {n} steps: largest λ_1 token {top}: {lam[top]:+.4f} ± "
+              f"{err[top]:.4f} (neutral {bool(is_neutral(lam[top], err[top]))}); neutral tokens "
+              f"{int(is_neutral(lam, err).sum())} of {len(lam)}")  # fmt: skip
+
+
+def attribution_findings(model: rm.RecurrentLM, per_prompt: int = 4, steps: int = 16) -> None:
+    """Relative and absolute attribution per sub-layer, mean (range) over sampled tokens."""
+    frames = []
+    for text in PROMPTS:
+        ids = model.tokenizer.encode(text)
+        for position in np.linspace(1, len(ids) - 1, per_prompt).round().astype(int):
+            frames.append(stretch_attribution(model, ids, position=int(position),
+                                              num_steps=steps, init_scale=1.0))  # fmt: skip
+    table = pd.concat(frames)
+    print(f"[4] attribution after {steps} iterations, {len(frames)} tokens (positions spread "
+          f"over each prompt, token 0 left out), mean (min … max):")  # fmt: skip
+    for column in ("relative", "log_stretch", "log_scale"):
+        stats = table.groupby("sublayer", sort=False)[column].agg(["mean", "min", "max"])
+        parts = [f"{name} {r['mean']:+.2f} ({r['min']:+.2f} … {r['max']:+.2f})"
+                 for name, r in stats.iterrows()]  # fmt: skip
+        print(f"[4]   {column}: " + ", ".join(parts))
+    totals = [(f.attrs["total_relative"], f.attrs["total"]) for f in frames]
+    rel, ab = np.array(totals).T
+    print(f"[4]   totals: relative {rel.mean():+.3f}, absolute {ab.mean():+.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "default"))
@@ -147,6 +212,7 @@ def main() -> None:
     parser.add_argument("--big-passes", type=int, default=40)
     parser.add_argument("--skip-big", action="store_true")
     parser.add_argument("--only-big", action="store_true")
+    parser.add_argument("--findings", action="store_true", help="the numbers of docs/stability.md")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = rm.load_model(args.checkpoint).eval()
@@ -155,6 +221,10 @@ def main() -> None:
     )
     if args.only_big:
         big_shape(args.big_passes)
+        return
+    if args.findings:
+        attribution_findings(model)
+        exponent_findings(model)
         return
     lyapunov_cost(model, args.repeats)
     for tol in (
