@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from . import (
     tab_convergence,
+    tab_corpus,
     tab_dynamics,
     tab_generation,
     tab_interventions,
@@ -33,4 +34,5 @@ TABS: list[tuple[str, Callable[[Context], None]]] = [
     ("Wavefront", tab_wavefront.render),
     ("Interventions", tab_interventions.render),
     ("Training", tab_training.render),
+    ("Corpus", tab_corpus.render),
 ]
