@@ -320,6 +320,8 @@ def test_app_scales_defaults_to_the_device_and_shows_the_estimate(monkeypatch):
         steps, seeds = at.session_state["steps"], at.session_state["seeds"]
         text = [m.value for m in at.sidebar.markdown if m.value.startswith("Estimated collection")]
         assert len(text) == 1 and "GFLOP/s" in text[0]
+        shown = [c.value for c in at.sidebar.caption if c.value.startswith("Speed: ")]
+        assert len(shown) == 1 and "F.linear" in shown[0] and "at load" in shown[0]
         if speed > 1e12:
             assert (steps, seeds) == (32, "0, 1, 2, 3, 4")
         else:
