@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -108,10 +109,15 @@ def full_height(page, most: int = 8000) -> None:
 
 
 def screenshot_tabs(
-    page, out_dir: Path, titles: list[str], actions: dict[str, str] = TAB_ACTIONS
+    page,
+    out_dir: Path,
+    titles: list[str],
+    actions: dict[str, str] = TAB_ACTIONS,
+    prepare: Mapping[str, Callable[[object], None]] | None = None,
 ) -> dict[str, Path]:
-    """Open every tab of the served app in ``page`` (its first tab already drawn), press its
-    button or toggle when ``actions`` names one, and save a full-page screenshot per tab."""
+    """Open every tab of the served app in ``page`` (its first tab already drawn), call its
+    ``prepare`` step when there is one (e.g. type a directory), press its button or toggle when
+    ``actions`` names one, and save a full-page screenshot per tab."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shots = {}
     width = page.viewport_size["width"]
@@ -119,6 +125,8 @@ def screenshot_tabs(
         page.set_viewport_size({"width": width, "height": 1000})
         page.get_by_role("tab", name=title, exact=True).click()
         wait_idle(page)
+        if prepare and title in prepare:
+            prepare[title](page)
         action = actions.get(title)
         if action is not None and page.get_by_text(action, exact=True).count():
             page.get_by_text(action, exact=True).first.click()

@@ -222,6 +222,17 @@ def header(run: CorpusRun, path: Path, model: Any) -> None:
         )
 
 
+def column_formats() -> dict[str, Any]:
+    """Number formats of the token table: small steps in scientific notation."""
+    number = st.column_config.NumberColumn
+    return {
+        "final_step_size": number(format="%.2e"),
+        "period": number(format="%.1f"),
+        "steps_to_converge": number(format="%d"),
+        "lambda_1": number(format="%.3f"),
+    }
+
+
 def render(ctx: Context) -> None:
     """Open a corpus result directory: figures, a filterable token table, rows open in the tabs."""
     text = st.text_input("Corpus result directory", default_dir(), key="corpus_dir")
@@ -251,6 +262,6 @@ def render(ctx: Context) -> None:
     st.caption(f"{len(rows):,} of {len(run.table):,} rows{note}. Choose a row to open it.")
     st.dataframe(
         shown, key="corpus_table", on_select=_select_row, selection_mode="single-row",
-        hide_index=True,
+        hide_index=True, column_config=column_formats(),
     )  # fmt: skip
     table_download(rows, "corpus_tokens")

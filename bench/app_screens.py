@@ -2,14 +2,18 @@
 
 Serves `apps/trajectories.py` with `streamlit run`, opens it in Debian's Chromium (`make browser`
 installs it), sets a small run, opens each tab in turn (pressing its
-Generate / Sample / Run button when it has one) and writes one full-page PNG per tab.
+Generate / Sample / Run button when it has one) and writes one full-page PNG per tab. The Corpus
+tab opens a small corpus run of the shipped model (made in OUT/corpus unless --corpus names one)
+and chooses one row of its token table.
 
 Usage: python bench/app_screens.py [--out /tmp/screens] [--steps 16] [--seeds "0, 1, 2"]
+       [--corpus DIR] [--tabs Corpus,Dynamics]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +31,12 @@ from apps.serve import (  # noqa: E402
 )
 
 CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot .main-svg'
+ROOT = Path(__file__).resolve().parents[1]
+# a small corpus run of the shipped model: every held-out source, 4 prompts each, r̄ steps
+CORPUS_ARGS = ["--per-source", "4", "--max-tokens", "32", "--seeds", "0,1", "--num-steps", "32",
+               "--analyses", "dynamics,lens,seeds"]  # fmt: skip
+TABLE = '[data-testid="stDataFrame"]'
+ROW_PICKED = 4  # the table row chosen in the Corpus tab (0 = the first data row)
 
 
 def set_run(page, steps: int, seeds: str) -> None:
@@ -41,20 +51,47 @@ def set_run(page, steps: int, seeds: str) -> None:
     wait_idle(page)
 
 
+def corpus_run(out: Path) -> Path:
+    """A small corpus run of the shipped model in ``out``, made unless it is there already."""
+    if not (out / "manifest.json").exists():
+        cmd = [sys.executable, "-m", "workbench.corpus", "run", "--out", str(out), *CORPUS_ARGS]
+        subprocess.run(cmd, cwd=ROOT, check=True)
+    return out
+
+
+def open_corpus(page, run_dir: Path) -> None:
+    """Type ``run_dir`` into the Corpus tab, then choose one row of its token table (a click on
+    the row's selection cell at the table's left edge)."""
+    field = page.get_by_label("Corpus result directory", exact=True)
+    field.fill(str(run_dir))
+    field.press("Enter")
+    wait_idle(page)
+    table = page.locator(TABLE).first
+    table.scroll_into_view_if_needed()
+    box = table.bounding_box()
+    row_height = 35  # glide-data-grid's default header and row height
+    page.mouse.click(box["x"] + 14, box["y"] + row_height * (ROW_PICKED + 1.5))
+    wait_idle(page)
+    page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]')?.scrollTo(0, 0)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/screens"))
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--seeds", default="0, 1, 2")
     parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--corpus", type=Path, help="a corpus result directory (default: made)")
+    parser.add_argument("--tabs", help="comma-separated tab titles to shoot (default: all)")
     args = parser.parse_args()
     if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: run `make browser` (sh .ci/ensure_chromium.sh) first")
     from playwright.sync_api import sync_playwright
 
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_dir = args.corpus or corpus_run(args.out / "corpus")
     port = free_port()
     log = args.out / "streamlit.log"
-    args.out.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         server = start_streamlit(port, out)
     url = f"http://127.0.0.1:{port}"
@@ -69,7 +106,10 @@ def main() -> None:
             page.wait_for_selector(CHART, timeout=300_000)
             set_run(page, args.steps, args.seeds)
             titles = page.get_by_role("tab").all_inner_texts()
-            shots = screenshot_tabs(page, args.out, titles)
+            if args.tabs:
+                titles = [t for t in titles if t in args.tabs.split(",")]
+            prepare = {"Corpus": lambda pg: open_corpus(pg, run_dir.resolve())}
+            shots = screenshot_tabs(page, args.out, titles, prepare=prepare)
             browser.close()
     finally:
         stop(server)

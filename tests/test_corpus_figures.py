@@ -62,7 +62,7 @@ def test_steps_carry_medians_quartiles_and_the_never_share():
     np.testing.assert_allclose(bars.y, [10, 18])
     np.testing.assert_allclose(bars.error_y.array, [3, 5])
     np.testing.assert_allclose(bars.error_y.arrayminus, [3, 4])
-    assert list(bars.text) == ["", "never 25%"]
+    assert list(bars.x) == ["arithmetic", "prose<br>never 25%"]
     alone = figures.convergence_steps_figure(_steps(), pd.DataFrame())
     assert len(alone.data) == 1
 

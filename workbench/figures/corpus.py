@@ -14,19 +14,19 @@ from plotly.subplots import make_subplots
 from ..corpus.summary import PERIOD_CAP
 from .training import KIND_COLORS
 
-# (segment, label, colour, hatch): settled fixed points and converging ones are separate segments;
-# converging is the fixed-point teal, lighter and hatched (a fixed point still on its way)
+# (segment, label, colour, hatch, text colour): settled fixed points and converging ones are
+# separate segments; converging is the fixed-point teal, lighter and hatched (still on its way)
 SEGMENTS = (
-    ("settled", "fixed point (settled)", KIND_COLORS["fixed_point"], ""),
-    ("converging", "converging", "#a8dcd5", "/"),
-    ("orbit", "orbit", KIND_COLORS["orbit"], ""),
-    ("slider", "slider", KIND_COLORS["slider"], ""),
-    ("other", "other", KIND_COLORS["other"], ""),
+    ("settled", "fixed point (settled)", KIND_COLORS["fixed_point"], "", "white"),
+    ("converging", "converging", "#c4e8e3", "/", "#123"),
+    ("orbit", "orbit", KIND_COLORS["orbit"], "", "white"),
+    ("slider", "slider", KIND_COLORS["slider"], "", "#123"),
+    ("other", "other", KIND_COLORS["other"], "", "white"),
 )
 SHARE_COLUMNS = ("fixed_point", "converging", "orbit", "slider", "other", "tokens")
 STEP_COLUMNS = ("median", "q25", "q75", "never", "tokens")
 LAMBDA_COLUMNS = ("q05", "q25", "q50", "q75", "q95")
-MIN_LABELLED_SHARE = 0.06  # bar segments below this share carry no text (it would not fit)
+MIN_LABELLED_SHARE = 0.08  # bar segments below this share carry no text (it would not fit)
 
 
 def _require(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
@@ -50,25 +50,28 @@ def kind_share_bars(table: pd.DataFrame, by: str = "source", title: str | None =
     segments = kind_segments(table)
     labels = [f"{name}<br>{int(n):,} tokens" for name, n in zip(table.index, table["tokens"])]
     fig = go.Figure()
-    for key, name, colour, hatch in SEGMENTS:
+    for key, name, colour, hatch, ink in SEGMENTS:
         values = segments[key].to_numpy()
         fig.add_trace(
             go.Bar(
                 x=labels, y=values, name=name,
-                marker=dict(color=colour, pattern=dict(shape=hatch, fgcolor=KIND_COLORS["fixed_point"])),
+                marker=dict(color=colour, pattern=dict(shape=hatch, fgcolor="#7cc4ba", solidity=0.25)),
                 text=[f"{v:.0%}" if v >= MIN_LABELLED_SHARE else "" for v in values],
-                textposition="inside", insidetextanchor="middle",
+                textposition="inside", insidetextanchor="middle", textfont=dict(color=ink),
                 hovertemplate=f"%{{x}}<br>{name}: %{{y:.1%}}<extra></extra>",
             )
         )  # fmt: skip
     fig.update_layout(
         barmode="stack",
-        title=title or f"kind of each token trajectory by {by}",
+        title=dict(text=title or f"kind of each token trajectory by {by}", y=0.98, yanchor="top"),
         xaxis=dict(title=by, type="category"),
         yaxis=dict(title="share of trajectories", range=[0, 1], tickformat=".0%"),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0),
-        height=420,
-    )
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0,
+                    traceorder="normal"),
+        uniformtext=dict(minsize=9, mode="hide"),
+        margin=dict(t=110),
+        height=460,
+    )  # fmt: skip
     return fig
 
 
@@ -99,15 +102,16 @@ def period_histogram_figure(periods: pd.Series, cap: int = PERIOD_CAP) -> go.Fig
 
 
 def _steps_bars(table: pd.DataFrame) -> go.Bar:
-    """Median steps per row with its quartiles as whiskers; the share that never converged above."""
+    """Median steps per row with its quartiles as whiskers; the share that never converged under
+    the row's name."""
     median = table["median"].to_numpy(dtype=float)
     never = table["never"].to_numpy(dtype=float)
     custom = np.column_stack([table["q25"], table["q75"], never, table["tokens"]])
+    labels = [f"{i}<br>never {v:.0%}" if v > 0 else str(i) for i, v in zip(table.index, never)]
     return go.Bar(
-        x=[str(i) for i in table.index], y=median, marker_color=KIND_COLORS["fixed_point"],
+        x=labels, y=median, marker_color=KIND_COLORS["fixed_point"],
         error_y=dict(type="data", symmetric=False, array=table["q75"] - median,
                      arrayminus=median - table["q25"], color="#444", thickness=1.5),
-        text=[f"never {v:.0%}" if v > 0 else "" for v in never], textposition="outside",
         customdata=custom, showlegend=False,
         hovertemplate="%{x}<br>median %{y:g} steps (quartiles %{customdata[0]:g} to "
         "%{customdata[1]:g})<br>never converged: %{customdata[2]:.1%} of %{customdata[3]:,} "
@@ -120,7 +124,7 @@ def convergence_steps_figure(
 ) -> go.Figure:
     """Steps to converge (median bar, quartile whiskers) by source, and by task difficulty
     (``source:level``) beside it when the run has difficulties; the share that never converged
-    is written above each bar (the quartiles count only the tokens that did)."""
+    is written under each name (the quartiles count only the tokens that did)."""
     _require(by_source, STEP_COLUMNS, "convergence_steps_figure")
     tables = [("by source", by_source)]
     if by_difficulty is not None and len(by_difficulty):
@@ -133,7 +137,7 @@ def convergence_steps_figure(
     )  # fmt: skip
     for col, (_, table) in enumerate(tables, start=1):
         fig.add_trace(_steps_bars(table), 1, col)
-        fig.update_xaxes(type="category", row=1, col=col)
+        fig.update_xaxes(type="category", tickangle=-30, row=1, col=col)
     top = max(float(np.nanmax(t["q75"].to_numpy(dtype=float), initial=0.0)) for _, t in tables)
     fig.update_yaxes(title_text="steps to converge", row=1, col=1)
     fig.update_yaxes(range=[0, 1.15 * top if top > 0 else 1])
