@@ -19,6 +19,7 @@ NAMES = [
     "interventions.ipynb",
     "training_dynamics.ipynb",
     "stability.ipynb",
+    "corpus.ipynb",
 ]
 # Where each notebook's kernel starts: JupyterLab starts it in notebooks/ (`make notebooks`), a
 # kernel started elsewhere in the repository root. The slower notebooks run from one place only.
@@ -28,6 +29,7 @@ WORKING_DIRECTORIES = {
     "convergence.ipynb": ("notebooks",),
     "interventions.ipynb": ("root",),
     "training_dynamics.ipynb": ("notebooks", "root"),
+    "corpus.ipynb": ("notebooks",),
 }
 # What each notebook's prose says, checked on its own variables after its last cell.
 CLAIMS = {
@@ -64,6 +66,20 @@ assert list(fig.layout.xaxis.tickvals) == steps
 gain = summary["gain r=1→r̄"]
 assert gain.iloc[0] <= 0 < gain.iloc[-1], "the prose says depth pays only late in training"
 assert kinds["share_orbit"].iloc[-1] == 0, "the prose says no token orbits at the end"
+""",
+    "corpus.ipynb": """
+assert len(frame) == 384 and len(prompts) == 8 and (prompts["tokens"] == 24).all()
+assert (frame.groupby(["prompt_id", "position"])["seed_spread"].nunique() == 1).all()
+assert tables["meta"]["num_steps"] == 128 and tables["meta"]["kind_agrees_across_seeds"] == 1.0
+for shares in (tables["by_source"], tables["by_category"]):
+    assert (shares["fixed_point"] == 1).all() and (shares["converging"] == 0).all(), "all settled"
+assert tables["periods"].sum() == 0, "the prose says no token orbits"
+steps = tables["steps_by_source"]
+assert (steps["never"] == 0).all() and (tables["steps_by_difficulty"]["never"] == 0).all()
+assert steps.loc["arithmetic", "median"] == 10 and steps.loc["code", "median"] == 13
+levels = tables["steps_by_difficulty"]["median"]
+assert levels["arithmetic:1"] == 6 and levels.drop("arithmetic:1").between(10, 13).all()
+assert (tables["steps_by_difficulty"]["tokens"] == 48).all(), "one prompt per level"
 """,
 }
 
