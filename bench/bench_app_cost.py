@@ -11,13 +11,14 @@ By default on the shipped checkpoint (checkpoints/default). ``--huginn`` does th
 Huginn-0125 shape in bfloat16: a random checkpoint written to a temporary directory, loaded the
 way the app loads it, and deleted after (about 7 GiB on disk and in memory; long on a small CPU).
 
-Usage: python bench/bench_app_cost.py [--huginn] [--steps 32] [--seeds 5] [--skip umap,series]
+Usage: python bench/bench_app_cost.py [--huginn] [--steps N] [--seeds N] [--skip umap,series]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")  # the app's functions run bare here
 
 import torch  # noqa: E402
 
@@ -126,19 +128,19 @@ def ablation(b: Bench, n_random: int) -> None:
         b.model, b.key, ids, steps, position, n_random, batch_size=batch))  # fmt: skip
 
 
-def steering(b: Bench, traj) -> None:
+def steering(b: Bench, traj, amount: float) -> None:
     ids, steps = b.run.token_ids, b.run.num_steps
-    guess = intervention_compute.steering_estimate(b.model, len(ids), steps, "add", 4.0)
+    guess = intervention_compute.steering_estimate(b.model, len(ids), steps, "add", amount)
     vector = traj.states[0][-1, -1]
-    b.time("steering (add, α sweep)", guess, lambda: intervention_compute.steering(
-        b.model, b.key, ids, steps, vector, None, "bench", "add", 4.0, (1, steps)))  # fmt: skip
+    what = f"steering (add, α = {amount:g}{', sweep' if amount else ''})"
+    b.time(what, guess, lambda: intervention_compute.steering(
+        b.model, b.key, ids, steps, vector, None, "bench", "add", amount, (1, steps)))  # fmt: skip
 
 
-def stability(b: Bench, traj, k: int) -> None:
-    position = len(b.run.token_ids) - 1
+def stability(b: Bench, traj, k: int, position: int) -> None:
     guess = stability_compute.estimate(b.model, position + 1, traj.num_steps, k)
     key = (b.key, b.run)
-    b.time(f"stability (k = {k}, last token)", guess, lambda: stability_compute.token_stability(
+    b.time(f"stability (k = {k}, token {position})", guess, lambda: stability_compute.token_stability(
         b.model, traj, key, position, k, guess.describe()))  # fmt: skip
 
 
@@ -160,7 +162,8 @@ def series(b: Bench, traj) -> None:
 def umap(b: Bench, traj) -> None:
     states = (traj.num_steps + 1) * traj.n_tokens
     seconds, includes = cost.umap_seconds(states)
-    b.time(f"UMAP ({states} states, {includes.split(' ')[0]})", seconds,
+    first = "first fit" if "import" in includes else "umap loaded"
+    b.time(f"UMAP ({states} states, {first})", seconds,
            lambda: compute.umap(traj, (b.key, b.run)))  # fmt: skip
 
 
@@ -173,8 +176,11 @@ def run_all(b: Bench, skip: set[str], shipped: bool) -> None:
         ("generation", lambda: generation(b, 16 if shipped else 4)),
         ("patching", lambda: patching(b)),
         ("ablation", lambda: ablation(b, 8 if shipped else 2)),
-        ("steering", lambda: steering(b, traj)),
-        ("stability", lambda: stability(b, traj, 8 if shipped else 2)),
+        ("steering", lambda: steering(b, traj, 4.0 if shipped else 0.0)),
+        (
+            "stability",
+            lambda: stability(b, traj, *((8, len(b.run.token_ids) - 1) if shipped else (2, 3))),
+        ),
         ("diffusion", lambda: diffusion(b, traj, 16 if shipped else 4)),
         ("series", lambda: series(b, traj) if shipped else None),
         ("umap", lambda: umap(b, traj)),
@@ -210,7 +216,7 @@ def huginn_checkpoint(directory: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--huginn", action="store_true", help="the Huginn-0125 shape in bf16")
-    parser.add_argument("--steps", type=int, default=None, help="default: 32, or 4 with --huginn")
+    parser.add_argument("--steps", type=int, default=None, help="default: 32, or 8 with --huginn")
     parser.add_argument("--seeds", type=int, default=None, help="default: 5, or 1 with --huginn")
     parser.add_argument("--skip", default="", help="comma-separated actions to leave out")
     args = parser.parse_args()
@@ -227,7 +233,7 @@ def main() -> None:
                 f"random Huginn-0125-shape checkpoint written in {time.perf_counter() - start:.0f} s"
             )
             model = compute.load(tmp, "cpu", None, compute.checkpoint_signature(Path(tmp)))
-            bench_model(model, tmp, args.steps or 4, args.seeds or 1, skip | {"series"}, False)
+            bench_model(model, tmp, args.steps or 8, args.seeds or 1, skip | {"series"}, False)
         return
     model = compute.load(str(ROOT / "checkpoints/default"), "cpu", None, "bench")
     bench_model(model, "checkpoints/default", args.steps or 32, args.seeds or 5, skip, True)
@@ -241,7 +247,7 @@ def bench_model(model, key: str, steps: int, seeds: int, skip: set[str], shipped
     label = (
         f"{model.name}: {model.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, "
         f"{len(ids)} tokens, {steps} steps, {seeds} seed(s), {torch.get_num_threads()} threads, "
-        f"load {__import__('os').getloadavg()[0]:.1f}"
+        f"load {os.getloadavg()[0]:.1f}"
     )
     print(label, flush=True)
     b = Bench(model, key, run, label)

@@ -129,32 +129,52 @@ def _timed(x: torch.Tensor, weights: Sequence[torch.Tensor], rounds: int) -> flo
     return time.perf_counter() - start
 
 
-def measure(weights: Sequence[torch.Tensor], rows: int, budget_s: float = BUDGET_S) -> Speed:
-    """FLOP/s of F.linear on ``rows`` token states with ``weights`` (their dtype and device).
+MAX_ROWS = 1024  # more token states than this are timed at this many (the speed has levelled)
+MIN_OUT = 64  # a weight cut to fit the budget keeps at least this many output rows
 
-    A few products of up to 8 rows on the smallest weight warm up and guess the speed; the rows
-    are then cut (not below those 8) so that one round over all weights takes about a third of
-    ``budget_s``, and rounds repeat until two thirds have passed (at least one)."""
-    t0, w0 = time.perf_counter(), min(weights, key=lambda w: w.numel())
-    dev, rows = w0.device, max(1, int(rows))
+
+def _guess(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> float:
+    """A first FLOP/s: one round over every weight at one row (which also reads each weight in,
+    a memory-mapped checkpoint's pages included), then the best of three products of up to 8
+    rows with the smallest weight."""
+    _timed(x[:1], weights, 1)
+    w0, few = min(weights, key=lambda w: w.numel()), min(len(x), 8)
+    first = min(_timed(x[:few], [w0], 1) for _ in range(3))
+    return 2.0 * few * w0.numel() / max(first, 1e-9)
+
+
+def _fit(weights: Sequence[torch.Tensor], rows: int, flops: float) -> list[torch.Tensor]:
+    """The weights, each cut to its first output rows (not below MIN_OUT) so that one round on
+    ``rows`` token states costs about ``flops``: the in-dimension and the rows stay the model's."""
+    full = 2.0 * rows * sum(w.numel() for w in weights)
+    if full <= flops:
+        return list(weights)
+    keep = flops / full
+    return [w[: max(min(MIN_OUT, w.shape[0]), int(w.shape[0] * keep))] for w in weights]
+
+
+def measure(weights: Sequence[torch.Tensor], rows: int, budget_s: float = BUDGET_S) -> Speed:
+    """FLOP/s of F.linear on ``rows`` token states (at most MAX_ROWS) with ``weights`` (their
+    dtype and device).
+
+    After a warm-up that reads every weight and guesses the speed (``_guess``), each weight is cut
+    to its first output rows where needed so that one round over all of them takes about a third
+    of ``budget_s``; rounds repeat until two thirds have passed (at least one)."""
+    t0, dtype = time.perf_counter(), weights[0].dtype
+    dev, rows = weights[0].device, min(MAX_ROWS, max(1, int(rows)))
     width = max(w.shape[1] for w in weights)
     with torch.inference_mode():
-        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(0)).to(dev, w0.dtype)
-        few = min(rows, 8)
-        _timed(x[:few], [w0], 1)  # warm-up
-        first = min(_timed(x[:few], [w0], 1) for _ in range(3))
-        guess = 2.0 * few * w0.numel() / max(first, 1e-9)
-        per_row = 2.0 * sum(w.numel() for w in weights)
-        rows = int(min(rows, max(few, budget_s / 3 * guess // per_row)))
-        x, rounds, elapsed = x[:rows], 0, 0.0
+        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(0)).to(dev, dtype)
+        timed = _fit(weights, rows, budget_s / 3 * _guess(x, weights))
+        rounds, elapsed = 0, 0.0
         while rounds == 0 or (elapsed < 2 * budget_s / 3 and rounds < 1000):
-            elapsed += _timed(x, weights, 1)
+            elapsed += _timed(x, timed, 1)
             rounds += 1
-    speed = max(FLOOR_FLOPS, per_row * rows * rounds / max(elapsed, 1e-9))
+    flops = 2.0 * rows * sum(w.numel() for w in timed) * rounds
     return Speed(
-        speed, str(dev), str(w0.dtype).removeprefix("torch."), rows, torch.get_num_threads(),
-        tuple(tuple(w.shape) for w in weights), time.time(), load_average(),
-        time.perf_counter() - t0,
+        max(FLOOR_FLOPS, flops / max(elapsed, 1e-9)), str(dev), str(dtype).removeprefix("torch."),
+        rows, torch.get_num_threads(), tuple(tuple(w.shape) for w in timed), time.time(),
+        load_average(), time.perf_counter() - t0,
     )  # fmt: skip
 
 

@@ -79,8 +79,11 @@ def test_probe_times_the_models_own_products_and_records_when():
     speed.forget()
     first = speed.linear_speed(model, rows=12, budget_s=0.05)
     assert first.flops_per_second >= speed.FLOOR_FLOPS
-    assert first.shapes == tuple(tuple(w.shape) for w in speed.probe_weights(model))
-    assert first.dtype == "float32" and first.device == "cpu" and 8 <= first.rows <= 12
+    own = [tuple(w.shape) for w in speed.probe_weights(model)]
+    # the model's own weights, each cut to fewer output rows only when the budget needs it
+    assert [s[1] for s in first.shapes] == [s[1] for s in own]
+    assert all(s[0] <= o[0] for s, o in zip(first.shapes, own))
+    assert first.dtype == "float32" and first.device == "cpu" and first.rows == 12
     assert first.seconds < 1.0 and first.age() < 60
     assert "GFLOP/s" in first.describe() and "load" in first.describe()
     assert speed.linear_speed(model, rows=9, budget_s=0.05) is first  # same bucket, fresh
@@ -115,3 +118,10 @@ def test_the_plan_counts_parameters_with_the_cost_model():
     assert counts.largest_tensor == max(p.numel() for p in model.parameters())
     per_block = [sum(p.numel() for p in b.parameters()) for b in model.blocks()]
     assert [*counts.prelude_blocks, *counts.core_blocks, *counts.coda_blocks] == per_block
+
+
+def test_a_large_product_is_cut_to_the_budget_not_its_rows():
+    weight = torch.randn(4096, 2048)
+    timed = speed.measure([weight], rows=512, budget_s=0.05)
+    assert timed.rows == 512 and timed.shapes[0][1] == 2048  # the model's rows and in-dimension
+    assert timed.shapes[0][0] < 4096 and timed.seconds < 2.0
