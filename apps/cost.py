@@ -84,7 +84,8 @@ class CostEstimate:
         return self.seconds / self.calibration
 
     def describe(self) -> str:
-        """ "≈ 12 s (1.38 TFLOP at a measured 9.8 GFLOP/s)", with the calibration when there is one."""
+        """E.g. "≈ 12 s (1.38 TFLOP at a measured 9.8 GFLOP/s)", and the calibration once there
+        is one ("× 1.60 from the last run")."""
         size = (
             f"{self.flops / 1e12:.2f} TFLOP"
             if self.flops >= 1e11
@@ -92,7 +93,7 @@ class CostEstimate:
         )
         text = f"{size} at a measured {format_gflops(self.flops_per_second)}"
         if self.calibration != 1.0:
-            text += f", × {self.calibration:.2g} from the last run"
+            text += f", × {self.calibration:.2f} from the last run"
         when = f"≈ {self.seconds:.0f} s" if self.seconds >= 1 else "< 1 s"
         return f"{when} ({text})"
 

@@ -177,7 +177,7 @@ def test_estimate_and_default_run_scaling():
     assert est.seconds == pytest.approx(2.0 * flops / 1e9 + 0.1)
     assert "GFLOP/s" in est.describe() and "1 GFLOP/s" in est.describe()
     slow = cost.estimate(flops, Speed.assumed(2.5e8), calibration=3.0)
-    assert "0.25 GFLOP/s" in slow.describe() and "× 3 from the last run" in slow.describe()
+    assert "0.25 GFLOP/s" in slow.describe() and "× 3.00 from the last run" in slow.describe()
     assert slow.uncalibrated_seconds == pytest.approx(slow.seconds / 3)
     for per_unit, expected in [(0.1, (32, 5)), (0.2, (32, 3)), (1.0, (16, 1)), (10.0, (4, 1))]:
         assert cost.default_run(lambda s, n, c=per_unit: c * s * n) == expected, per_unit
