@@ -102,8 +102,8 @@ def analyses_check(model: rm.RecurrentLM, steps: int, device: str) -> None:
         ("lyapunov_spectrum", lambda: wb.lyapunov_spectrum(model, ids[None], 16, position=3, k=2)),
         ("stretch_attribution", lambda: wb.stretch_attribution(model, ids[None], position=3)),
         ("patch_states", lambda: wb.patch_states(model, ids[None], other[None], 8, positions="all")),
-        ("steering_effect", lambda: wb.steering_effect(model, ids[None], wb.add_vector_hook(torch.ones(model.config.n_embd), 0.1), 8)),
-        ("ablate_subspace", lambda: wb.ablate_subspace(model, ids[None], 3, torch.eye(model.config.n_embd)[:2].numpy(), 8)),
+        ("steering_effect", lambda: wb.steering_effect(model, ids[None], 8, [("core.hook_state", wb.add_vector_hook(torch.ones(model.config.n_embd), 0.1))])),
+        ("ablate_subspace", lambda: wb.ablate_subspace(model, ids[None], 8, 3, torch.eye(model.config.n_embd)[:2].numpy(), n_random=4)),
     ]  # fmt: skip
     for name, fn in checks:
         timed(name, fn, device)
