@@ -239,7 +239,7 @@ def render(ctx: Context) -> None:
     path = resolve_dir(text)
     if not is_corpus_dir(path):
         st.info(
-            f"`{path}` holds no corpus run (no manifest.json): make one with "
+            f"`{path}` holds no corpus run (no corpus manifest.json): make one with "
             f"`python -m workbench.corpus run --out {text.strip() or DEFAULT_DIR}`."
         )
         return
@@ -248,7 +248,7 @@ def render(ctx: Context) -> None:
         manifest = corpus.read_manifest(path)
         shared = model.tokenizer if same_model(manifest, model) else None
         run = read_run(str(path), run_signature(path), shared, f"{model.name}|{shared is None}")
-    except corpus.CorpusError as exc:
+    except (corpus.CorpusError, OSError) as exc:  # a run still starting, or a part unreadable
         st.info(str(exc))
         return
     header(run, path, model)

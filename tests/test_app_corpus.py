@@ -21,8 +21,8 @@ STEPS = 16
 
 @pytest.fixture(scope="module")
 def corpus_run(shipped_model, tmp_path_factory) -> Path:
-    """Two prompts of each held-out source, cut to 12 tokens, 2 seeds at 16 steps."""
-    job = Job(None, Settings(STEPS, (0, 1), ("dynamics",)), per_source=2, max_tokens=12)
+    """Two prompts of the held-out depth and code sets, cut to 12 tokens, 2 seeds at 16 steps."""
+    job = Job("depth,code", Settings(STEPS, (0, 1), ("dynamics",)), per_source=2, max_tokens=12)
     out = tmp_path_factory.mktemp("corpus") / "run"
     return corpus.run(shipped_model, job, out, progress=False)
 
