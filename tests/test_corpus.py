@@ -121,6 +121,30 @@ def test_relaunch_verifies_parts_and_refuses_other_settings(shipped_model, tmp_p
         )
 
 
+def test_a_failing_unit_stops_with_one_line_and_leaves_no_part(shipped_model, tmp_path):
+    calls = {"n": 0}
+
+    def fail_on_second_batch(x, hook):
+        calls["n"] += hook.step == 0
+        if calls["n"] == 2:
+            raise RuntimeError("injected fault")
+
+    data = write_prompts(tmp_path / "p.txt", PROMPTS[:4])
+    with shipped_model.hooks([("core.hook_state", fail_on_second_batch)]):
+        with pytest.raises(
+            corpus.CorpusError,
+            match=r"rank 0: unit \d+ \(\d+ prompts, first [0-9a-f]{16}\) failed: RuntimeError: injected fault",
+        ):
+            corpus.run(
+                shipped_model,
+                job(data, seeds=(0,), analyses=("dynamics",)),
+                tmp_path / "run",
+                progress=False,
+            )
+    parts = list((tmp_path / "run" / "tokens").glob("*"))
+    assert len(parts) == 1 and parts[0].name == "part-00000.parquet"  # no partial part
+
+
 @pytest.mark.parametrize(
     ("content", "column", "message"),
     [
