@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import figures
-from workbench.dynamics import MIN_TAIL, DynamicsThresholds
+from workbench.dynamics import MIN_TAIL, DynamicsThresholds, dynamics_labels
 
 from . import compute
 from .inputs import MAX_STEPS
@@ -30,10 +30,9 @@ def settled(frame: pd.DataFrame) -> pd.Series:
 
 
 def shown_kinds(frame: pd.DataFrame) -> pd.Series:
-    """The kind each token is shown as: a fixed point that has not settled is "converging"."""
-    kind = frame["kind"].astype(object).copy()
-    kind[(kind == "fixed_point") & ~settled(frame)] = "converging"
-    return kind
+    """The kind each token is shown as: ``workbench.dynamics.dynamics_labels``, the labels the
+    Training tab's shares and the notebooks count too ("converging": a fixed point not settled)."""
+    return dynamics_labels(frame)
 
 
 def more_steps_hint(kinds: pd.Series, num_steps: int) -> None:
@@ -70,7 +69,10 @@ def render(ctx: Context) -> None:
     counts = frame["kind"].value_counts()
     for col, kind in zip(st.columns(len(SHOWN_KINDS)), SHOWN_KINDS):
         col.metric(kind.replace("_", " "), int(counts.get(kind, 0)))
-    st.caption(KIND_MEANINGS)
+    st.caption(
+        f"{KIND_MEANINGS} Classified at {ctx.traj.num_steps} steps from seed {ctx.traj.seeds[0]}'s "
+        f"s_0 (init scale {ctx.run.init_scale:g}); the Training tab counts the same labels."
+    )
     more_steps_hint(frame["kind"], ctx.traj.num_steps)
     shown = ["token_text", "kind", "settled", "period", "angular_speed", "drift_speed"]
     shown.append("final_step_size")

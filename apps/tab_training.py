@@ -44,8 +44,15 @@ def render(ctx: Context) -> None:
     """Loss per depth and dynamics of the current prompt across a run's saved checkpoints."""
     st.caption(
         "Every saved checkpoint of a training run, in step order, run on the current prompt: "
-        "loss at each depth, the share of fixed points / orbits / sliders, the spread between seeds "
-        "and the token correlation at the chosen number of steps."
+        "loss at each depth, the share of settled fixed points / converging / orbits / sliders / "
+        "other (the Dynamics tab's labels, first seed), the spread between seeds and the token "
+        f"correlation at {ctx.run.num_steps} steps, seeds {', '.join(map(str, ctx.run.seeds))}, "
+        "init scale 1."
+        + (
+            ""
+            if ctx.run.init_scale == 1.0
+            else f" The other tabs use init scale {ctx.run.init_scale:g}, so their labels can differ."
+        )
     )
     text = st.text_input(
         "Run directory (holds step-N checkpoints)", DEFAULT_SERIES, key="series_dir"

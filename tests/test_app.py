@@ -93,6 +93,7 @@ def test_every_analysis_view_renders(app, view, charts, downloads):
         assert set(table["kind"]) <= {"fixed_point", "converging", "orbit", "slider", "other"}
         assert not (table["kind"] == "fixed_point")[~table["settled"]].any()
         assert any("**converging**: heading for a fixed point" in c.value for c in app.caption)
+        assert any("Classified at 12 steps from seed 0" in c.value for c in app.caption)
 
 
 def test_dynamics_token_choice_redraws_its_rotation_panel(app):

@@ -35,7 +35,9 @@ def test_rows_in_step_order_with_logged_losses(series):
     assert series["step"].tolist() == [5, 5, 20, 20]
     assert series["depth"].tolist() == [1, 3, 1, 3]
     assert series["train_loss"].tolist() == [6.5, 6.5, 5.25, 5.25]
-    shares = series[[f"share_{k}" for k in ("fixed_point", "orbit", "slider", "other")]]
+    shares = series[
+        [f"share_{k}" for k in ("fixed_point", "converging", "orbit", "slider", "other")]
+    ]
     np.testing.assert_allclose(shares.sum(axis=1), 1.0)
     assert (series.loc[series["depth"] == 1, "gain"] == 0).all()
 
@@ -82,3 +84,23 @@ def test_figure_has_a_trace_per_depth_and_kind(series):
     assert {"fixed_point", "orbit", "slider", "other"} <= set(names)
     with pytest.raises(ValueError, match="missing column"):
         checkpoint_series_figure(series.drop(columns=["spread"]))
+
+
+def test_the_training_view_counts_the_labels_the_dynamics_tab_shows(shipped_model, tmp_path):
+    # One label per token: a fixed point that has not settled is "converging" in every view.
+    from apps.tab_dynamics import shown_kinds
+    from workbench.dynamics import LABELS, label_shares
+
+    torch.set_num_threads(1)
+    shipped_model.save_pretrained(tmp_path / "checkpoints" / "step-0000001")
+    prompt = "Claire makes a 3 egg omelet every morning for breakfast."
+    series = wb.checkpoint_series(tmp_path, [prompt], depths=(1,), num_steps=16, seeds=(0, 1))
+    ids = shipped_model.tokenizer.encode(prompt)
+    traj = wb.collect(shipped_model, ids, 16, seeds=(0, 1), progress=False)
+    verdicts = wb.classify_dynamics(traj.states[0])  # both views classify the first seed
+    app = shown_kinds(verdicts).value_counts(normalize=True)
+    library = label_shares(verdicts)
+    for label in LABELS:
+        assert series[f"share_{label}"].iloc[0] == pytest.approx(library[label])
+        assert library[label] == pytest.approx(float(app.get(label, 0.0)))
+    assert library["converging"] > 0  # at 16 steps most tokens are still on their way

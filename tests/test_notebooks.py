@@ -66,6 +66,7 @@ assert list(fig.layout.xaxis.tickvals) == steps
 gain = summary["gain r=1→r̄"]
 assert gain.iloc[0] <= 0 < gain.iloc[-1], "the prose says depth pays only late in training"
 assert kinds["share_orbit"].iloc[-1] == 0, "the prose says no token orbits at the end"
+assert (kinds["share_fixed_point"].iloc[-2:] == 1).all(), "the prose says every token settles from 2400"
 """,
     "corpus.ipynb": """
 assert len(frame) == 384 and len(prompts) == 8 and (prompts["tokens"] == 24).all()

@@ -27,7 +27,7 @@ import recurrent_model as rm
 
 from .collect import collect
 from .core_map import CoreMap, initial_state
-from .dynamics import KINDS, classify_dynamics
+from .dynamics import classify_dynamics, label_shares
 from .lyapunov import token_exponent_table
 from .path_independence import path_independence
 from .token_correlation import token_correlation
@@ -105,12 +105,11 @@ def checkpoint_metrics(
             start = initial_state(model, core, 1.0, seeds[0])
             exponents.append(token_exponent_table(core, start, num_steps))
         states = collect(model, ids, num_steps, seeds=seeds, progress=False).states
-        kinds.append(classify_dynamics(states[0])["kind"])
+        kinds.append(classify_dynamics(states[0]))
         final = path_independence(states)
         spreads.append(float(final.loc[final["step"] == num_steps, "spread"].mean()))
         correlations.append(float(token_correlation(states[0])["correlation"].iloc[-1]))
-    shares = pd.concat(kinds).value_counts(normalize=True)
-    summary = {f"share_{k}": float(shares.get(k, 0.0)) for k in KINDS}
+    summary = {f"share_{k}": share for k, share in label_shares(kinds).items()}
     summary["spread"] = float(np.mean(spreads))
     summary["token_correlation"] = float(np.mean(correlations))
     if stability:
@@ -141,8 +140,10 @@ def checkpoint_series(
 
     Returns one row per (checkpoint, depth): ``step``, ``depth``, ``loss`` (mean next-token loss of
     ``texts`` at that depth, s_0 seeded), ``gain`` (1 − loss / loss at the smallest depth), and per
-    checkpoint (repeated on its rows) ``share_fixed_point``, ``share_orbit``, ``share_slider``,
-    ``share_other``, ``spread`` and ``token_correlation`` measured at ``num_steps``, plus
+    checkpoint (repeated on its rows) ``share_fixed_point`` (settled), ``share_converging`` (a fixed
+    point not settled yet), ``share_orbit``, ``share_slider``, ``share_other`` (the labels of
+    ``dynamics.dynamics_labels``, as the app's Dynamics tab shows them, first seed), ``spread`` and
+    ``token_correlation`` measured at ``num_steps`` from a random s_0 (init_scale 1), plus
     ``train_loss`` from metrics.jsonl (NaN if not logged). ``depths`` defaults to 1, 2, 4, r̄, 2r̄,
     4r̄ of the first checkpoint, ``num_steps`` to 4r̄; ``steps`` picks a subset of checkpoints.
     ``progress(done, total)`` is called after each checkpoint. ``stability`` adds ``lambda_1_mean``,

@@ -90,6 +90,30 @@ class DynamicsThresholds:
     n_components: int = 8  # PCs of the tail used by the rotation fit
 
 
+#: The label every view shows per token: a fixed point that has not settled is "converging".
+LABELS = ("fixed_point", "converging", "orbit", "slider", "other")
+
+
+def dynamics_labels(verdicts: pd.DataFrame) -> pd.Series:
+    """One label per token (``LABELS``) from ``classify_dynamics``' ``kind`` and ``settled`` (or,
+    from a frame without it, its last relative step below the fixed-point tolerance)."""
+    if "settled" in verdicts.columns:
+        settled = verdicts["settled"].astype(bool)
+    else:
+        settled = verdicts["final_step_size"] < DynamicsThresholds().fixed_tol
+    labels = verdicts["kind"].astype(object).copy()
+    labels[(labels == "fixed_point") & ~settled] = "converging"
+    return labels
+
+
+def label_shares(verdicts: pd.DataFrame | Sequence[pd.DataFrame]) -> dict[str, float]:
+    """The share of each label of ``LABELS`` over the tokens of one or several verdict frames."""
+    frames = [verdicts] if isinstance(verdicts, pd.DataFrame) else list(verdicts)
+    labels = pd.concat([dynamics_labels(f) for f in frames], ignore_index=True)
+    counts = labels.value_counts(normalize=True)
+    return {label: float(counts.get(label, 0.0)) for label in LABELS}
+
+
 def default_tail(steps: int) -> int:
     """Default tail length: min(steps, max(16, steps // 2))."""
     return min(steps, max(16, steps // 2))

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..dynamics import KINDS
+from ..dynamics import KINDS, LABELS
 from ._style import log_axis, sequential_colours
 
 KIND_COLORS = {
@@ -14,6 +14,7 @@ KIND_COLORS = {
     "orbit": "#e76f51",
     "slider": "#e9c46a",
     "other": "#8d99ae",
+    "converging": "#c4e8e3",  # the corpus figure's converging segment
 }
 REQUIRED = {"step", "depth", "loss", "spread", "token_correlation"} | {f"share_{k}" for k in KINDS}
 LOSS_NOTE = (
@@ -79,7 +80,8 @@ def checkpoint_series_figure(frame: pd.DataFrame) -> go.Figure:
     )
     _loss_panel(fig, frame)
     per_step = frame.drop_duplicates("step").sort_values("step")
-    for kind in KINDS:
+    shown = [k for k in LABELS if f"share_{k}" in per_step]  # an older frame: no converging
+    for kind in shown:
         fig.add_trace(
             go.Bar(
                 x=per_step["step"], y=per_step[f"share_{kind}"], name=kind,
