@@ -121,7 +121,7 @@ def read_run(path: str, signature: str, _tokenizer: Any | None, vocab_key: str) 
     )
     table = quoted_tokens(table[[c for c in TABLE_COLUMNS if c in table]])
     texts = prompts["text"].to_dict()
-    return CorpusRun(table, corpus.summary(path), corpus.read_manifest(path), texts)
+    return CorpusRun(table, corpus.summary(path, frame), corpus.read_manifest(path), texts)
 
 
 def keep_until_drawn(key: str, value: Any) -> None:

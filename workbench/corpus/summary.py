@@ -113,9 +113,10 @@ def lambda_quantiles(frame: pd.DataFrame) -> pd.DataFrame | None:
     return q
 
 
-def summary(out: str | Path) -> dict[str, Any]:
-    """The summary tables of the corpus run in ``out`` (DataFrames), with the run's identity."""
-    frame = load(out)
+def summary(out: str | Path, frame: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The summary tables of the corpus run in ``out`` (DataFrames), with the run's identity;
+    ``frame``: its rows when already loaded (``load(out)``), else they are read."""
+    frame = load(out) if frame is None else frame
     prompts = load_prompts(out).set_index("prompt_id")
     frame = frame.assign(group=frame["prompt_id"].map(prompts["group"]))
     manifest = read_manifest(out)
