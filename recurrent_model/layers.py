@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from . import functional as fn
+from . import hook_names
 from .config import RecurrentConfig
 from .functional import KVCacheSlot, apply_rope, rope_table
 from .hooks import HookPoint
@@ -69,6 +70,7 @@ class SandwichBlock(nn.Module):
     """One decoder layer with a norm before and after each sub-layer, and hooks on its activations."""
 
     def __init__(self, config: RecurrentConfig, name: str, iterated: bool = False) -> None:
+        """``name`` is the layer's prefix (:func:`hook_names.layer`); its hooks are named from it."""
         super().__init__()
         eps = config.norm_eps
         self.eps = eps
@@ -78,10 +80,8 @@ class SandwichBlock(nn.Module):
         self.norm_3 = RMSNorm(config.n_embd, eps)
         self.mlp = GatedMLP(config)
         self.norm_4 = RMSNorm(config.n_embd, eps)
-        self.hook_attn_out = HookPoint(f"{name}.hook_attn_out", iterated)
-        self.hook_resid_mid = HookPoint(f"{name}.hook_resid_mid", iterated)
-        self.hook_mlp_out = HookPoint(f"{name}.hook_mlp_out", iterated)
-        self.hook_resid_post = HookPoint(f"{name}.hook_resid_post", iterated)
+        hooks = [HookPoint(n, iterated) for n in hook_names.block(name)]
+        self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post = hooks
 
     def hook_points(self) -> list[HookPoint]:
         return [self.hook_attn_out, self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post]

@@ -65,15 +65,17 @@ class Transformer(nn.Module):
         h = config.n_embd
         self.wte = nn.Embedding(config.vocab_size, h)
         self.prelude = nn.ModuleList(
-            SandwichBlock(config, f"prelude.{i}") for i in range(config.n_layers_in_prelude)
+            SandwichBlock(config, hook_names.layer(hook_names.PRELUDE, i))
+            for i in range(config.n_layers_in_prelude)
         )
         self.adapter = nn.Linear(2 * h, h, bias=False)
         self.core_block = nn.ModuleList(
-            SandwichBlock(config, f"core.{j}", iterated=True)
+            SandwichBlock(config, hook_names.layer(hook_names.CORE, j), iterated=True)
             for j in range(config.n_layers_in_recurrent_block)
         )
         self.coda = nn.ModuleList(
-            SandwichBlock(config, f"coda.{k}") for k in range(config.n_layers_in_coda)
+            SandwichBlock(config, hook_names.layer(hook_names.CODA, k))
+            for k in range(config.n_layers_in_coda)
         )
         self.ln_f = RMSNorm(h, config.norm_eps)
 
@@ -117,6 +119,9 @@ class RecurrentLM(nn.Module):
         for block in t.coda:
             points += block.hook_points()
         points += [self.hook_final_norm, self.hook_logits]
+        c = self.config  # the names created here must be the ones hook_names.py declares
+        counts = (c.n_layers_in_prelude, c.n_layers_in_recurrent_block, c.n_layers_in_coda)
+        hook_names.check_created([p.name for p in points], *counts)
         return {p.name: p for p in points}
 
     def _stack_hooks(self) -> StackHooks:

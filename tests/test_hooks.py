@@ -29,6 +29,23 @@ def test_exact_ordered_hook_names_for_tiny_config(model):
         + ["hook_final_norm", "hook_logits"]
     )
     assert model.hook_names() == expected
+    assert model.hook_names() == hook_names.declared(1, 2, 1)
+
+
+def test_building_a_model_checks_its_hooks_against_hook_names(monkeypatch):
+    """The model's hook points are built from hook_names and checked against its declared list."""
+    names = hook_names.declared(1, 2, 1)
+    swapped = [names[1], names[0], *names[2:]]
+    with pytest.raises(ValueError, match="another order, first at position 0"):
+        hook_names.check_created(swapped, 1, 2, 1)
+    with pytest.raises(ValueError, match="a duplicate"):
+        hook_names.check_created([*names, names[-1]], 1, 2, 1)
+    declared = hook_names.declared
+    monkeypatch.setattr(hook_names, "declared", lambda *n: declared(*n)[:-1] + ["hook_out"])
+    with pytest.raises(
+        ValueError, match=r"not declared: \['hook_logits'\].*not created: \['hook_out'\]"
+    ):
+        rm.RecurrentLM(rm.preset("tiny"), init_weights=False)
 
 
 def test_run_with_cache_records_every_state_including_s0(model, ids):

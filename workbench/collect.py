@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from recurrent_model import hook_names
 from recurrent_model.hook_names import STATE
 from recurrent_model.kv_cache import available_memory
 
@@ -252,7 +253,7 @@ def collect_sublayers(
         max_bytes,
         f"{num_steps} steps × {n_core} core layers × {T} tokens × h={h}",
     )
-    names = [f"core.{j}.hook_resid_post" for j in range(n_core)]
+    names = [hook_names.core(j) for j in range(n_core)]
     init = initial_states(model, [(seed, float(init_scale))], (T, h))
     batch, start = aligned_batch(model, [ids[0]], init)  # the layout of ``collect``
     _, cache = model.run_with_cache(
