@@ -42,14 +42,14 @@ import tempfile
 import time
 from collections.abc import Callable
 
-# OpenMP's default (spinning) wait policy is right on an idle machine (measured 239 vs 74 tok/s
-# passive); on a loaded shared machine spinning threads collapse (5-18 vs 53 tok/s passive at load 10):
-# there, export OMP_WAIT_POLICY=PASSIVE before running this script.
+# OpenMP's default (spinning) wait policy is the faster one on an idle machine; on a loaded shared
+# machine spinning threads collapse against the other load: there, export OMP_WAIT_POLICY=PASSIVE
+# before running this script.
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
-# ACTIVE alone spins idle threads for ~30e9 iterations (libgomp), so this process's two threads kept both
-# cores busy while the published runner (a child process) was timed: it measured 22 tokens/s beside
-# them and 56 alone. A finite spin count (a few ms) keeps spinning between our own kernels and lets the
-# threads sleep while the child runs.
+# ACTIVE alone spins idle threads for ~30e9 iterations (libgomp), so this process's two threads would
+# keep both cores busy while the published runner (a child process) is timed, and slow it down. A
+# finite spin count (a few ms) keeps spinning between our own kernels and lets the threads sleep
+# while the child runs.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 import torch  # noqa: E402

@@ -1,12 +1,12 @@
 """Data preparation before the job: build throughput by number of tokenizer processes, and what a
-training job's start costs now (manifest only) against re-reading and hashing the corpus.
+training job's start costs (manifest only) against re-reading and hashing the corpus.
 
 Side by side in one run, on the starter corpus written out as a JSONL file (read like a user corpus):
 1. raw ``encode_batch_fast`` over all texts held in memory (the tokenizer alone, its own threads);
 2. ``prepare_data`` (read, split, tokenize, pack, write shards + hashes) with 1, 2, … worker processes,
    as tokens/s and as a ratio to (1);
 3. opening prepared data: ``load_prepared`` (the training job), the metadata reuse check of
-   ``prepare_data``, and the full read-and-hash pass that the job used to do at every launch.
+   ``prepare_data``, and, for comparison, a full read-and-hash pass over the corpus.
 
 Usage: python bench/bench_prepare.py [--size tiny|small|medium|full] [--vocab 4096] [--workers 1 2]
 """

@@ -118,11 +118,12 @@ def test_downloads_round_trip(tmp_path):
 
     import workbench
     from apps import compute
+    from apps.cached import with_key
 
     model = fallback_model()
     traj = workbench.collect(model, model.tokenizer.encode("3 eggs"), 4, seeds=(0, 1))
     path = tmp_path / "trajectory.safetensors"
-    path.write_bytes(compute.trajectory_file(traj, ("test-key", str(tmp_path))))
+    path.write_bytes(compute.trajectory_file(with_key(traj, ("test-key", str(tmp_path)))))
     loaded = workbench.Trajectory.load(path)
     assert np.array_equal(loaded.raw_states, traj.raw_states) and loaded.tokens == traj.tokens
     frame = workbench.convergence(traj.states[0], tokens=traj.tokens)
@@ -160,7 +161,7 @@ def test_forward_flops_count_every_matmul():
         2 * (n_layers + r * config.n_layers_in_recurrent_block) * t * (t + 1) * config.n_embd
     )
     assert cost.forward_flops(config, t, r, runs) == runs * (matmul + attention)
-    # the published shape (3.56 B parameters): 46 tokens x 8 steps, the run of issue 13
+    # the published shape (3.56 B parameters): 46 tokens x 8 steps
     big = cost.forward_flops(preset("huginn-0125"), 46, 8, 1)
     assert big == pytest.approx(1.383e12, rel=1e-3)
     with pytest.raises(ValueError, match="must be >= 1"):

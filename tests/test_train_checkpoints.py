@@ -181,7 +181,7 @@ def test_rng_restores_when_the_visible_device_count_changes(monkeypatch):
     )
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: set_states.append(("all", s)))
     state = ck.capture_rng(device=torch.device("cuda", 5))  # rank 5 saw 8 devices
-    notes = ck.restore_rng(state, device=torch.device("cuda", 0))  # now one, with --gpu-bind
+    notes = ck.restore_rng(state, device=torch.device("cuda", 0))  # 1 visible (--gpu-bind)
     assert notes == [] and len(set_states) == 1
     assert set_states[0][0] == 0 and torch.equal(set_states[0][1], saved)
     set_states.clear()

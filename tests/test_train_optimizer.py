@@ -13,7 +13,7 @@ from recurrent_model import RecurrentLM, preset
 
 
 def hand_steps(theta, grads, lr, peak, wd, b1=0.9, b2=0.95):
-    """Plain-float reference of the recipe's update (README, optimizer), one element list at a time."""
+    """Plain-float reference of the update in pretrain/optimizer.py's docstring, element by element."""
     theta = list(theta)
     m = v = None
     for t, g in enumerate(grads, start=1):
