@@ -1,8 +1,8 @@
 """Thread settings for small models on the CPU for the app and the notebooks.
 
 A small model's matrices are too small to split between threads, and on busy cores the threads
-wait for each other: a 32-step, 5-seed collection of the tiny model took 0.26 s on one thread and
-0.7–20 s on two on a loaded 2-core machine. Large models (and other devices) keep torch's default.
+wait for each other, so one thread runs a small model's collection faster than two on a loaded
+machine. Large models (and other devices) keep torch's default.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Projections of all states of a sequence: one PCA (default, deterministic) or UMAP.
 
-UMAP is imported only inside ``project(..., method="umap")`` (its import alone takes ~20 s) and its
+UMAP is imported only inside ``project(..., method="umap")`` (its import alone takes many seconds) and its
 results are cached in memory, keyed by the data and the parameters. The cache holds read-only
 arrays and every call gets its own copy, so editing a result never changes a later one.
 """
@@ -77,7 +77,7 @@ def _umap(x: np.ndarray, n_components: int, pca_dims: int, random_state: int, **
     hit = _recall(key)
     if hit is not None:
         return hit
-    import umap  # lazy: ~20 s import
+    import umap  # lazy: a slow import
 
     reduced = fit_pca(x, pca_dims).transform(x) if x.shape[1] > pca_dims else x
     reducer = umap.UMAP(n_components=n_components, random_state=random_state, **kwargs)
@@ -168,7 +168,7 @@ def aligned_umap(
     hit = _recall(key)
     if hit is not None:
         return list(hit[0]), hit[1]
-    import umap  # lazy: ~20 s import
+    import umap  # lazy: a slow import
 
     if stacked.shape[1] > pca_dims:
         stacked = fit_pca(stacked, pca_dims).transform(stacked)
