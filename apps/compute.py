@@ -1,8 +1,10 @@
 """Cached computations behind the app: the model (st.cache_resource), trajectories and analyses
 (st.cache_data). Every analysis is a workbench call; this module only caches and keys them.
 
-Cached functions take the model and the trajectory as unhashed ``_model`` / ``_traj`` arguments plus a
-hashable key that identifies them, so a rerun that only changes a view recomputes nothing.
+The trajectory and the model-level calls take the model as an unhashed ``_model`` plus a hashable
+``model_key`` that identifies it. The analyses of a trajectory are ``@cached_analysis``
+(``apps/cached.py``): their key is the one ``trajectory`` gives the trajectory it returns, so a
+rerun that only changes a view recomputes nothing and a changed run cannot hit a stale entry.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from workbench.checkpoint_series import checkpoint_dirs
 from workbench.dynamics import rotation_plane
 
 from . import cost
+from .cached import cached_analysis, with_key
 from .inputs import RunSettings
 
 ModelKey = str
-TrajKey = tuple
 
 
 def checkpoint_signature(path: Path) -> str:
@@ -173,7 +175,7 @@ def trajectory(
     if _progress is not None:
         _progress.finish()
     traj.normalized_states  # noqa: B018 - computed now so that cache hits carry it
-    return traj
+    return with_key(traj, (model_key, run))
 
 
 def measured_speed(model, rows: int) -> Speed:
@@ -245,79 +247,82 @@ def run_defaults(_model, model_key: ModelKey, tokens: int) -> tuple[int, int]:
     return cost.default_run(lambda steps, runs: estimate(_model, tokens, steps, runs).seconds)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def pca(_traj, key: TrajKey, all_seeds: bool = False, n_components: int = 6):
+@cached_analysis(keyed=("traj",), max_entries=16)
+def pca(traj, all_seeds: bool = False, n_components: int = 6):
     """One PCA over all states (seed 0, or every seed); coordinates and explained variance ratios."""
-    states = _traj.states if all_seeds else _traj.states[0]
+    states = traj.states if all_seeds else traj.states[0]
     coords, model = workbench.project(states, "pca", n_components=n_components)
     return coords, np.asarray(model.explained_variance_ratio_)
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def umap(_traj, key: TrajKey) -> np.ndarray:
+@cached_analysis(keyed=("traj",), max_entries=4)
+def umap(traj) -> np.ndarray:
     """UMAP coordinates (steps + 1, T, 2) of seed 0, fitted on its first 50 principal components."""
-    coords, _ = workbench.project(_traj.states[0], "umap", n_components=2)
+    coords, _ = workbench.project(traj.states[0], "umap", n_components=2)
     return coords
 
 
-@st.cache_data(
-    max_entries=8, show_spinner="Fitting AlignedUMAP (numba compiles for minutes the first time) …"
+@cached_analysis(
+    keyed=("traj",),
+    max_entries=8,
+    show_spinner="Fitting AlignedUMAP (numba compiles for minutes the first time) …",
 )
-def aligned_umap(_traj, key: TrajKey, position: int) -> list[np.ndarray]:
+def aligned_umap(traj, position: int) -> list[np.ndarray]:
     """One token's trajectories of every run as aligned UMAP embeddings (steps + 1, 2) each."""
-    coords, _ = workbench.aligned_umap([_traj.states[k][:, position] for k in range(_traj.n_runs)])
+    coords, _ = workbench.aligned_umap([traj.states[k][:, position] for k in range(traj.n_runs)])
     return coords
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def convergence(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
-    return workbench.convergence(_traj.states[0], tokens=_tokens)
+@cached_analysis(keyed=("traj",), max_entries=16)
+def convergence(traj, _tokens: list[str]) -> pd.DataFrame:
+    return workbench.convergence(traj.states[0], tokens=_tokens)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def steps_to_converge(_traj, key: TrajKey, _tokens: list[str], eps: float) -> pd.DataFrame:
-    return workbench.steps_to_converge(convergence(_traj, key, _tokens), eps=eps)
+@cached_analysis(keyed=("traj",), max_entries=16)
+def steps_to_converge(traj, _tokens: list[str], eps: float) -> pd.DataFrame:
+    return workbench.steps_to_converge(convergence(traj, _tokens), eps=eps)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def step_dynamics(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
-    return workbench.step_dynamics(_traj.states[0], tokens=_tokens)
+@cached_analysis(keyed=("traj",), max_entries=16)
+def step_dynamics(traj, _tokens: list[str]) -> pd.DataFrame:
+    return workbench.step_dynamics(traj.states[0], tokens=_tokens)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def token_correlation(_traj, key: TrajKey) -> pd.DataFrame:
-    return workbench.token_correlation(_traj.states[0])
+@cached_analysis(keyed=("traj",), max_entries=16)
+def token_correlation(traj) -> pd.DataFrame:
+    return workbench.token_correlation(traj.states[0])
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def path_independence(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
-    return workbench.path_independence(_traj.states, tokens=_tokens)
+@cached_analysis(keyed=("traj",), max_entries=16)
+def path_independence(traj, _tokens: list[str]) -> pd.DataFrame:
+    return workbench.path_independence(traj.states, tokens=_tokens)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def attractor_distance(_traj, key: TrajKey, _tokens: list[str]) -> pd.DataFrame:
-    window = min(16, max(1, _traj.num_steps // 2))
-    return workbench.attractor_distance(_traj.states, window=window, tokens=_tokens)
+@cached_analysis(keyed=("traj",), max_entries=16)
+def attractor_distance(traj, _tokens: list[str]) -> pd.DataFrame:
+    window = min(16, max(1, traj.num_steps // 2))
+    return workbench.attractor_distance(traj.states, window=window, tokens=_tokens)
 
 
-@st.cache_data(max_entries=16, show_spinner="Classifying the dynamics of every token …")
-def dynamics(_traj, key: TrajKey, _tokens: list[str], run: int = 0) -> pd.DataFrame:
-    frame = workbench.classify_dynamics(_traj.states[run])
+@cached_analysis(
+    keyed=("traj",), max_entries=16, show_spinner="Classifying the dynamics of every token …"
+)
+def dynamics(traj, _tokens: list[str], run: int = 0) -> pd.DataFrame:
+    frame = workbench.classify_dynamics(traj.states[run])
     frame.insert(1, "token_text", _tokens)
     return frame
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
-def plane(_traj, key: TrajKey, position: int, run: int = 0) -> np.ndarray:
+@cached_analysis(keyed=("traj",), max_entries=64)
+def plane(traj, position: int, run: int = 0) -> np.ndarray:
     """The dominant rotation plane (2, h) of one token's trajectory."""
-    return rotation_plane(_traj.states[run][:, position])
+    return rotation_plane(traj.states[run][:, position])
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cached_analysis(keyed=("traj",), max_entries=8)
 def lens(
     _model,
-    _traj,
-    key: TrajKey,
+    traj,
     _tokens: list[str],
     kind: str,
     _progress: TaskProgress | None = None,
@@ -327,7 +332,7 @@ def lens(
     if _progress is not None:
         _progress.start()
     with threads_for(_model):
-        frame = workbench.lens(_model, _traj.raw_states[0], kind=kind, tokens=_tokens)
+        frame = workbench.lens(_model, traj.raw_states[0], kind=kind, tokens=_tokens)
     if _progress is not None:
         _progress.finish()
     return frame
@@ -472,12 +477,12 @@ def checkpoint_series(
     return frame
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def trajectory_file(_traj, key: TrajKey) -> bytes:
+@cached_analysis(keyed=("traj",), max_entries=4)
+def trajectory_file(traj) -> bytes:
     """The trajectory as a safetensors file (Trajectory.save), for the download button."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trajectory.safetensors")
-        _traj.save(path)
+        traj.save(path)
         return Path(path).read_bytes()
 
 

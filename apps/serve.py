@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .views import Tab
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "trajectories.py"
@@ -75,17 +78,6 @@ def stop(server: subprocess.Popen) -> None:
 
 RUNNING = '[data-testid="stStatusWidget"]'
 EXCEPTION = '[data-testid="stException"]'
-# The button or toggle (by its label) pressed after opening a tab, so that its screenshot shows
-# results, not only a form.
-TAB_ACTIONS = {
-    "Generation": "Generate",
-    "Wavefront": "Sample",
-    "Interventions": "Run patching",
-    "Training": "Analyse these checkpoints",
-    "Stability": "Compute the stability of this token",
-}
-
-
 # apps.ui.estimate_gate's button: "Run (≈ 40 s (…))", shown when an estimate is over HEAVY_SECONDS
 HEAVY_RUN = re.compile(r"^Run \(")
 
@@ -108,38 +100,48 @@ def full_height(page, most: int = 8000) -> None:
     page.wait_for_timeout(500)  # plotly redraws at the new size
 
 
+def shown_tabs() -> list[Tab]:
+    """The app's tabs in display order, as the page draws them (``apps.views.TABS``)."""
+    from . import views  # the tabs import streamlit and the model: only when a page is driven
+
+    return list(views.TABS)
+
+
 def screenshot_tabs(
     page,
     out_dir: Path,
-    titles: list[str],
-    actions: dict[str, str] = TAB_ACTIONS,
+    tabs: Sequence[Tab] | None = None,
     prepare: Mapping[str, Callable[[object], None]] | None = None,
 ) -> dict[str, Path]:
-    """Open every tab of the served app in ``page`` (its first tab already drawn), call its
-    ``prepare`` step when there is one (e.g. type a directory), press its button or toggle when
-    ``actions`` names one, and save a full-page screenshot per tab."""
+    """Open every tab (default: ``shown_tabs()``) of the served app in ``page`` (its first tab
+    already drawn), call its ``prepare`` step when there is one (e.g. type a directory), press its
+    ``action`` button or toggle when it has one, and save a full-page screenshot per tab."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shots = {}
     width = page.viewport_size["width"]
-    for index, title in enumerate(titles):
+    for index, tab in enumerate(shown_tabs() if tabs is None else tabs):
         page.set_viewport_size({"width": width, "height": 1000})
-        page.get_by_role("tab", name=title, exact=True).click()
+        page.get_by_role("tab", name=tab.title, exact=True).click()
         wait_idle(page)
-        if prepare and title in prepare:
-            prepare[title](page)
-        action = actions.get(title)
-        if action is not None and page.get_by_text(action, exact=True).count():
-            page.get_by_text(action, exact=True).first.click()
-            wait_idle(page)
-            approve = page.get_by_role("button", name=HEAVY_RUN)  # a heavy action's estimate
-            if approve.count():
-                approve.first.click()
-                wait_idle(page)
+        if prepare and tab.title in prepare:
+            prepare[tab.title](page)
+        if tab.action is not None and page.get_by_text(tab.action, exact=True).count():
+            run_action(page, tab.action)
         errors = page.locator(EXCEPTION)
         if errors.count():
-            raise RuntimeError(f"tab {title!r} shows an exception: {errors.all_inner_texts()}")
-        path = out_dir / f"{index:02d}-{title.lower().replace(' ', '_')}.png"
+            raise RuntimeError(f"tab {tab.title!r} shows an exception: {errors.all_inner_texts()}")
+        path = out_dir / f"{index:02d}-{tab.title.lower().replace(' ', '_')}.png"
         full_height(page)
         page.screenshot(path=str(path), full_page=True)
-        shots[title] = path
+        shots[tab.title] = path
     return shots
+
+
+def run_action(page, label: str) -> None:
+    """Press the button or toggle labelled ``label`` and approve its estimate when it is heavy."""
+    page.get_by_text(label, exact=True).first.click()
+    wait_idle(page)
+    approve = page.get_by_role("button", name=HEAVY_RUN)
+    if approve.count():
+        approve.first.click()
+        wait_idle(page)

@@ -12,19 +12,19 @@ from .ui import Context, chart, quoted_tokens, table_download
 
 def render(ctx: Context) -> None:
     """The convergence heatmap, steps to converge, step dynamics and token correlation."""
-    frame = compute.convergence(ctx.traj, ctx.key, ctx.tokens)
+    frame = compute.convergence(ctx.traj, ctx.tokens)
     value = st.selectbox("Colour", ["distance_to_final", "relative_step"], key="conv_value")
     chart(figures.convergence_heatmap(frame, value), "conv_heatmap")
     eps = st.number_input("ε for steps to converge", value=1e-2, format="%.0e", key="conv_eps")
-    settled = compute.steps_to_converge(ctx.traj, ctx.key, ctx.tokens, float(eps))
+    settled = compute.steps_to_converge(ctx.traj, ctx.tokens, float(eps))
     st.dataframe(quoted_tokens(settled), hide_index=True, key="conv_settled")
-    dyn = compute.step_dynamics(ctx.traj, ctx.key, ctx.tokens)
+    dyn = compute.step_dynamics(ctx.traj, ctx.tokens)
     which = st.selectbox(
         "Step dynamics", ["acceleration", "delta_norm", "delta_cosine"], key="conv_dynamics"
     )
     chart(figures.step_curves(dyn, which, log=which != "delta_cosine"), "step_curves")
     if ctx.traj.n_tokens >= 2:
-        corr = compute.token_correlation(ctx.traj, ctx.key)
+        corr = compute.token_correlation(ctx.traj)
         chart(figures.token_correlation_curve(corr), "token_corr")
         table_download(corr, "token_correlation")
     table_download(frame, "convergence")

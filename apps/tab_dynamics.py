@@ -64,7 +64,7 @@ def render(ctx: Context) -> None:
     if ctx.traj.num_steps < MIN_TAIL:
         st.info(f"The dynamics classifier needs at least {MIN_TAIL} steps; raise the step count.")
         return
-    frame = compute.dynamics(ctx.traj, ctx.key, ctx.tokens).copy()
+    frame = compute.dynamics(ctx.traj, ctx.tokens).copy()
     frame["kind"], frame["settled"] = shown_kinds(frame), settled(frame)
     counts = frame["kind"].value_counts()
     for col, kind in zip(st.columns(len(SHOWN_KINDS)), SHOWN_KINDS):
@@ -93,7 +93,7 @@ def render(ctx: Context) -> None:
         f"{ctx.labels[position]}: {row['kind'].replace('_', ' ')}"
         + (f", period {row['period']:.1f} steps" if row["kind"] == "orbit" else "")
     )
-    basis = compute.plane(ctx.traj, ctx.key, position)
+    basis = compute.plane(ctx.traj, position)
     run = f"seed {ctx.traj.seeds[0]}"
     chart(
         figures.rotation_panel(
@@ -101,7 +101,7 @@ def render(ctx: Context) -> None:
         ),
         "rotation",
     )
-    coords, evr = compute.pca(ctx.traj, ctx.key)
+    coords, evr = compute.pca(ctx.traj)
     chart(
         figures.pc_pair_panels(coords, [position], ctx.tokens, explained_variance=evr, run=run),
         "dyn_pc_pairs",

@@ -30,7 +30,7 @@ def render(ctx: Context) -> None:
     if not estimate_gate(f"Decoding {what}", guess, "lens_go", (ctx.key, kind)):
         return
     progress = compute.TaskProgress(f"Decoding {what}", "states", guess)
-    frame = compute.lens(ctx.model, ctx.traj, ctx.key, ctx.tokens, kind, _progress=progress)
+    frame = compute.lens(ctx.model, ctx.traj, ctx.tokens, kind, _progress=progress)
     value = st.selectbox(
         "Colour", ["final_prob", "kl_to_final", "entropy", "final_rank"], key="lens_value"
     )

@@ -15,11 +15,11 @@ def render(ctx: Context) -> None:
     if ctx.traj.n_runs < 2:
         st.info("Path independence compares seeds: enter at least two (e.g. 0, 1, 2, 3, 4).")
         return
-    spread = compute.path_independence(ctx.traj, ctx.key, ctx.tokens)
+    spread = compute.path_independence(ctx.traj, ctx.tokens)
     chart(figures.spread_curves(spread), "spread")
     position = ctx.token_picker("Token", "pi_token", default_tokens(ctx.tokens, 1)[0])
     pair = st.selectbox("Plane", list(PC_PAIRS), key="pi_pair")
-    coords, _ = compute.pca(ctx.traj, ctx.key, all_seeds=True)
+    coords, _ = compute.pca(ctx.traj, all_seeds=True)
     if max(PC_PAIRS[pair]) < coords.shape[-1]:
         fig = figures.seed_overlay(coords, position, PC_PAIRS[pair], ctx.traj.seeds, ctx.tokens)
         chart(fig, "seed_overlay")
@@ -27,11 +27,11 @@ def render(ctx: Context) -> None:
         "Aligned UMAP of this token across seeds (slow: numba compiles the first time)",
         key="pi_aligned",
     ):
-        embeddings = compute.aligned_umap(ctx.traj, ctx.key, position)
+        embeddings = compute.aligned_umap(ctx.traj, position)
         names = [f"seed {s}" for s in ctx.traj.seeds]
         fig = figures.aligned_embeddings_figure(embeddings, names, f"token {ctx.labels[position]}")
         chart(fig, "aligned_umap")
-    attractor = compute.attractor_distance(ctx.traj, ctx.key, ctx.tokens)
+    attractor = compute.attractor_distance(ctx.traj, ctx.tokens)
     st.dataframe(quoted_tokens(attractor), hide_index=True, key="pi_attractor")
     table_download(spread, "path_independence")
     table_download(attractor, "attractor_distance")

@@ -27,7 +27,7 @@ def coords_frame(coords: np.ndarray, tokens: Sequence[str]) -> pd.DataFrame:
 
 def render(ctx: Context) -> None:
     """PCA per PC pair per token, the 3-D waterfall, and UMAP on request."""
-    coords, evr = compute.pca(ctx.traj, ctx.key)
+    coords, evr = compute.pca(ctx.traj)
     seeds = ctx.traj.seeds
     run = f"seed {seeds[0]}"
     st.caption(
@@ -57,17 +57,17 @@ def render(ctx: Context) -> None:
     )
     if st.toggle(umap_label, key="umap"):
         with st.spinner(f"Fitting UMAP on {states} states (≈ {seconds:.0f} s) …", show_time=True):
-            coords_umap = compute.umap(ctx.traj, ctx.key)
+            coords_umap = compute.umap(ctx.traj)
         fig = figures.waterfall_3d(coords_umap, ctx.tokens, run=run)
         fig.update_layout(
             title=f"UMAP of all states by token position ({run})",
             scene=dict(yaxis_title="UMAP1", zaxis_title="UMAP2"),
         )
         chart(fig, "umap_waterfall")
-    traj, key = ctx.traj, ctx.key  # the lazy download holds these, not the model
+    traj = ctx.traj  # the lazy download holds the trajectory, not the model
     download(
         "Download trajectory (.safetensors)",
-        lambda: compute.trajectory_file(traj, key),
+        lambda: compute.trajectory_file(traj),
         "trajectory.safetensors",
         "dl_trajectory",
     )

@@ -18,10 +18,9 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts apps/ on the path, not the
 import streamlit as st  # noqa: E402
 import torch  # noqa: E402
 
-from apps import compute, cost, inputs  # noqa: E402
+from apps import compute, cost, inputs, views  # noqa: E402
 from apps.messages import shown_as_message  # noqa: E402
 from apps.ui import Context, estimate_gate  # noqa: E402
-from apps.views import TABS  # noqa: E402
 from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 
 OWN_DTYPE = "checkpoint's own"
@@ -174,11 +173,10 @@ def main() -> None:
         f" · init scale {run.init_scale:g}"
     )
     ctx = Context(model=model, model_key=model_key, traj=traj, run=run)
-    titles = [title for title, _ in TABS]
-    for (_, render), tab in zip(TABS, st.tabs(titles, key="view", on_change="rerun")):
+    for record, tab in zip(views.TABS, st.tabs(views.titles(), key="view", on_change="rerun")):
         if tab.open:
             with tab, shown_as_message():
-                render(ctx)
+                record.render(ctx)
 
 
 main()

@@ -99,7 +99,7 @@ def lenses(b: Bench, traj) -> None:
         b.time(
             f"{kind} lens",
             guess,
-            lambda k=kind: compute.lens(b.model, traj, ctx.key, ctx.tokens, k),
+            lambda k=kind: compute.lens(b.model, traj, ctx.tokens, k),
         )
 
 
@@ -164,7 +164,7 @@ def umap(b: Bench, traj) -> None:
     seconds, includes = cost.umap_seconds(states)
     first = "first fit" if "import" in includes else "umap loaded"
     b.time(f"UMAP ({states} states, {first})", seconds,
-           lambda: compute.umap(traj, (b.key, b.run)))  # fmt: skip
+           lambda: compute.umap(traj))  # fmt: skip
 
 
 def run_all(b: Bench, skip: set[str], shipped: bool) -> None:

@@ -16,6 +16,8 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import workbench
+from apps import views
+from apps.views import TABS
 from recurrent_model.standin import DEFAULT_CHECKPOINT, FALLBACK_CONTEXT
 
 APP = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
@@ -66,25 +68,26 @@ def test_opens_with_a_model_banner_charts_and_downloads(app):
     else:
         assert "Randomly initialised model (untrained)" in app.warning[0].value
     assert any("12 steps" in c.value and "seeds 0, 1, 2" in c.value for c in app.caption)
-    assert {"pc_pairs", "waterfall"} <= chart_keys(app)
+    assert set(TABS[0].charts) <= chart_keys(app)
     labels = {b.proto.label for b in app.get("download_button")}
     assert {"Download trajectory (.safetensors)", "Download pca_coordinates.csv"} <= labels
 
 
-@pytest.mark.parametrize(
-    ("view", "charts", "downloads"),
-    [
-        ("Convergence", {"conv_heatmap", "step_curves", "token_corr"}, 4),
-        ("Path independence", {"spread", "seed_overlay"}, 2),
-        ("Dynamics", {"rotation", "dyn_pc_pairs"}, 1),
-        ("Lenses", {"lens_heatmap", "lens_table"}, 1),
-    ],
-)
-def test_every_analysis_view_renders(app, view, charts, downloads):
-    show(app, view)
+DOWNLOADS = {"Convergence": 4, "Path independence": 2, "Dynamics": 1, "Lenses": 1}
+ANALYSIS_TABS = [tab for tab in TABS[1:] if tab.charts]
+
+
+def test_the_analysis_tabs_are_the_ones_with_charts():
+    assert [tab.title for tab in ANALYSIS_TABS] == list(DOWNLOADS)
+
+
+@pytest.mark.parametrize("tab", ANALYSIS_TABS, ids=lambda tab: tab.title)
+def test_every_analysis_view_renders(app, tab):
+    show(app, tab.title)
+    view = tab.title
     assert_clean(app)
-    assert charts <= chart_keys(app)
-    assert len(app.get("download_button")) == downloads
+    assert set(tab.charts) <= chart_keys(app)
+    assert len(app.get("download_button")) == DOWNLOADS[view]
     if view == "Dynamics":
         kinds = ["fixed point", "converging", "orbit", "slider", "other"]
         assert [m.label for m in app.metric] == kinds
@@ -94,6 +97,20 @@ def test_every_analysis_view_renders(app, view, charts, downloads):
         assert not (table["kind"] == "fixed_point")[~table["settled"]].any()
         assert any("**converging**: heading for a fixed point" in c.value for c in app.caption)
         assert any("Classified at 12 steps from seed 0" in c.value for c in app.caption)
+
+
+def toy_render(ctx) -> None:
+    st.markdown(f"Toy tab on {ctx.traj.n_tokens} tokens")
+
+
+def test_a_tab_registered_in_views_is_drawn(app, monkeypatch):
+    monkeypatch.setattr(views, "TABS", [*views.TABS, views.Tab("Toy", toy_render)])
+    try:
+        show(app, "Toy")
+        assert_clean(app)
+        assert any(m.value.startswith("Toy tab on ") for m in app.markdown)
+    finally:
+        show(app, TABS[0].title)
 
 
 def test_dynamics_token_choice_redraws_its_rotation_panel(app):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,14 +20,13 @@ import pytest
 from apps.serve import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    TAB_ACTIONS,
     free_port,
     screenshot_tabs,
     start_streamlit,
     stop,
     wait_healthy,
 )
-from apps.views import TABS
+from apps.views import TABS, titles
 
 pytestmark = pytest.mark.slow  # a real browser against `streamlit run`
 
@@ -75,13 +75,12 @@ def test_change_steps_redraws_the_chart_then_every_tab_renders(server, tmp_path)
             )
             errors = page.locator('[data-testid="stException"]')
             assert errors.count() == 0, errors.all_inner_texts()
-            titles = [title for title, _ in TABS]
-            assert page.get_by_role("tab").all_inner_texts() == titles
+            assert page.get_by_role("tab").all_inner_texts() == titles()
             out = Path(os.environ.get("APP_SCREENS", tmp_path / "screens"))
             # the Training tab's analysis of four checkpoints is covered by test_app_training
-            actions = {t: a for t, a in TAB_ACTIONS.items() if t != "Training"}
-            shots = screenshot_tabs(page, out, titles, actions)  # raises on a tab's exception
-            assert list(shots) == titles
+            tabs = [replace(t, action=None) if t.title == "Training" else t for t in TABS]
+            shots = screenshot_tabs(page, out, tabs)  # raises on a tab's exception
+            assert list(shots) == titles()
             assert all(path.stat().st_size > 10_000 for path in shots.values())
         finally:
             browser.close()
