@@ -102,6 +102,8 @@ def toy_render(ctx) -> None:
 def test_a_tab_registered_in_views_is_drawn(app, monkeypatch):
     monkeypatch.setattr(views, "TABS", [*views.TABS, views.Tab("Toy", toy_render)])
     try:
+        app.run()  # the tab bar with the toy tab: a tab can be chosen once it is drawn
+        assert "Toy" in [t.label for t in app.tabs]
         show(app, "Toy")
         assert_clean(app)
         assert any(m.value.startswith("Toy tab on ") for m in app.markdown)
