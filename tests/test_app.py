@@ -108,6 +108,8 @@ def test_a_tab_registered_in_views_is_drawn(app, monkeypatch):
         assert_clean(app)
         assert any(m.value.startswith("Toy tab on ") for m in app.markdown)
     finally:
+        monkeypatch.undo()
+        app.run()  # the tab bar without the toy tab, before a tab is chosen again
         show(app, TABS[0].title)
 
 
