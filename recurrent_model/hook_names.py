@@ -62,16 +62,12 @@ def coda(index: int, point: str = RESID_POST) -> str:
 
 def declared(n_prelude: int, n_core: int, n_coda: int) -> list[str]:
     """Every hook name of a model with these layer counts, in forward order."""
-    blocks = lambda part, n: [name for i in range(n) for name in block(layer(part, i))]  # noqa: E731
-    return [
-        EMBED,
-        *blocks(PRELUDE, n_prelude),
-        E,
-        STATE,
-        ADAPTER,
-        *blocks(CORE, n_core),
-        LATENT,
-    ] + [*blocks(CODA, n_coda), FINAL_NORM, LOGITS]
+
+    def blocks(part: str, n: int) -> list[str]:
+        return [name for i in range(n) for name in block(layer(part, i))]
+
+    first, loop, last = blocks(PRELUDE, n_prelude), blocks(CORE, n_core), blocks(CODA, n_coda)
+    return [EMBED, *first, E, STATE, ADAPTER, *loop, LATENT, *last, FINAL_NORM, LOGITS]
 
 
 def check_created(created: list[str], n_prelude: int, n_core: int, n_coda: int) -> None:
