@@ -84,6 +84,7 @@ def main() -> None:
     print(f"shipped model ({model.config.name}, h={model.config.n_embd}), {len(tokenized)} prompts, "
           f"{tokens} tokens, {steps} steps, batch budget {budget} positions, {torch.get_num_threads()} threads")  # fmt: skip
     base = Settings(steps, (0,), ("dynamics",))
+    forward_only(model, units[:1], base, budget)  # warm-up: first-call allocations and kernels
     fwd_s, fwd_n = forward_only(model, units, base, budget)
     fwd_rate = fwd_n / fwd_s
     mean_len = round(tokens / len(tokenized))
