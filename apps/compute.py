@@ -1,10 +1,10 @@
 """Cached computations behind the app: the model (st.cache_resource), trajectories and analyses
 (st.cache_data). Every analysis is a workbench call; this module only caches and keys them.
 
-The trajectory and the model-level calls take the model as an unhashed ``_model`` plus a hashable
-``model_key`` that identifies it. The analyses of a trajectory are ``@cached_analysis``
-(``apps/cached.py``): their key is the one ``trajectory`` gives the trajectory it returns, so a
-rerun that only changes a view recomputes nothing and a changed run cannot hit a stale entry.
+Cached calls are ``@cached_analysis`` (``apps/cached.py``): their key is the ``cache_key`` of the
+model (set by ``load``: path, device, dtype and the checkpoint's signature) or of the trajectory
+(set by ``trajectory``: the model's key and the RunSettings), so a rerun that only changes a view
+recomputes nothing and a changed input cannot hit a stale entry.
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from workbench.checkpoint_series import checkpoint_dirs
 from workbench.dynamics import rotation_plane
 
 from . import cost
-from .cached import cached_analysis, with_key
+from .cached import cache_key, cached_analysis, with_key
 from .inputs import RunSettings
-
-ModelKey = str
 
 
 def checkpoint_signature(path: Path) -> str:
@@ -86,7 +84,8 @@ def load(path: str, device: str, dtype: str | None, signature: str) -> recurrent
                 return default_model(None, device=device, dtype=dtype)
             return recurrent_model.load_model(path, device=device, dtype=dtype)
 
-    return model_slot().get((path, device, dtype, signature), build)
+    model = model_slot().get((path, device, dtype, signature), build)
+    return with_key(model, f"{path}|{device}|{dtype}|{signature}")
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -153,18 +152,18 @@ class CollectProgress(TaskProgress):
         super().__init__(f"Collecting {what}", "run-iterations", guess, min_interval)
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=4)
 def trajectory(
-    _model, model_key: ModelKey, run: RunSettings, _progress: CollectProgress | None = None
+    model, run: RunSettings, _progress: CollectProgress | None = None
 ) -> workbench.Trajectory:
     """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once.
 
     With ``_progress`` a progress bar follows every run and iteration (see CollectProgress)."""
     if _progress is not None:
         _progress.start()
-    with threads_for(_model):
+    with threads_for(model):
         traj = workbench.collect(
-            _model,
+            model,
             list(run.token_ids),
             run.num_steps,
             seeds=run.seeds,
@@ -175,7 +174,7 @@ def trajectory(
     if _progress is not None:
         _progress.finish()
     traj.normalized_states  # noqa: B018 - computed now so that cache hits carry it
-    return with_key(traj, (model_key, run))
+    return with_key(traj, (cache_key(model), run))
 
 
 def measured_speed(model, rows: int) -> Speed:
@@ -241,10 +240,10 @@ def generation_estimate(model, tokens: int, new_tokens: int, num_steps: int) -> 
     return replace(both, seconds=ratio * both.seconds, calibration=ratio, on_done=recorder)
 
 
-@st.cache_data(max_entries=16, show_spinner="Measuring this device's speed …")
-def run_defaults(_model, model_key: ModelKey, tokens: int) -> tuple[int, int]:
+@cached_analysis(keyed=("model",), max_entries=16, show_spinner="Measuring this device's speed …")
+def run_defaults(model, tokens: int) -> tuple[int, int]:
     """Default (steps, number of seeds) whose estimated collection fits `cost.TIME_BUDGET_S`."""
-    return cost.default_run(lambda steps, runs: estimate(_model, tokens, steps, runs).seconds)
+    return cost.default_run(lambda steps, runs: estimate(model, tokens, steps, runs).seconds)
 
 
 @cached_analysis(keyed=("traj",), max_entries=16)
@@ -338,10 +337,9 @@ def lens(
     return frame
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=8)
 def generation(
-    _model,
-    model_key: ModelKey,
+    model,
     token_ids: tuple[int, ...],
     max_new_tokens: int,
     num_steps: int,
@@ -353,7 +351,7 @@ def generation(
     """Greedy generation with an optional adaptive exit: text, tokens and iterations per token.
 
     With ``_progress`` a bar follows every generated token (and Stop ends the generation there)."""
-    ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
+    ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
     done = [0]
 
     def streamer(tokens: torch.Tensor, steps: torch.Tensor) -> None:
@@ -363,8 +361,8 @@ def generation(
 
     if _progress is not None:
         _progress.start()
-    with threads_for(_model):
-        out = _model.generate(
+    with threads_for(model):
+        out = model.generate(
             ids,
             max_new_tokens,
             num_steps=num_steps,
@@ -379,7 +377,7 @@ def generation(
     new = out.sequences[0, len(token_ids) :].tolist()
     steps = out.steps[0].tolist()
     n = sum(1 for s in steps if s > 0)  # tokens after a stop token get 0 steps
-    tok = _model.tokenizer
+    tok = model.tokenizer
     return {
         "text": tok.decode(new[:n]),
         "table": pd.DataFrame(
@@ -389,10 +387,9 @@ def generation(
     }
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=8)
 def diffusion_run(
-    _model,
-    model_key: ModelKey,
+    model,
     token_ids: tuple[int, ...],
     max_new_tokens: int,
     num_steps: int,
@@ -405,11 +402,11 @@ def diffusion_run(
 ) -> dict:
     """Greedy diffusion sampling: text, the wavefront frames and the summary counts; with
     ``_progress`` a bar shows the estimate while it runs (its time calibrates the next one)."""
-    ids = torch.tensor([token_ids], dtype=torch.long, device=_model.device)
+    ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
     if _progress is not None:
         _progress.start()
-    with threads_for(_model):
-        out = _model.generate_diffusion(
+    with threads_for(model):
+        out = model.generate_diffusion(
             ids, max_new_tokens, num_steps=num_steps, inner_recurrence=inner_recurrence,
             headway=headway, exit_t=exit_t, freeze_strategy=freeze_strategy,
             init_scale=init_scale, max_diffusion_steps=4 * max_new_tokens * num_steps,
@@ -417,7 +414,7 @@ def diffusion_run(
         )  # fmt: skip
     if _progress is not None:
         _progress.finish()
-    tok = _model.tokenizer
+    tok = model.tokenizer
     new = out.sequences[0, len(token_ids) :].tolist()
     frame = workbench.wavefront_frame(out)
     shown = sorted(set(frame["token"].tolist()))

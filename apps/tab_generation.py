@@ -83,7 +83,6 @@ def render(ctx: Context) -> None:
         )
         out = compute.generation(
             ctx.model,
-            ctx.model_key,
             ctx.run.token_ids,
             new,
             ctx.run.num_steps,

@@ -59,7 +59,7 @@ def render(ctx: Context) -> None:
         return
     with shown_as_message():
         progress = compute.TaskProgress("Sampling with the diffusion sampler", "passes", guess)
-        out = compute.diffusion_run(ctx.model, ctx.model_key, tuple(ctx.run.token_ids), new,
+        out = compute.diffusion_run(ctx.model, tuple(ctx.run.token_ids), new,
                                     ctx.run.num_steps, inner, headway, exit_t, strategy,
                                     ctx.run.init_scale, _progress=progress)  # fmt: skip
         st.code(out["text"] or "(nothing frozen)", language=None, wrap_lines=True)

@@ -70,7 +70,7 @@ def run_widgets(model, model_key: str, tokens: int) -> dict:
     device (estimated collection under ~20 s), set again whenever another model is loaded."""
     missing = "steps" not in st.session_state or "seeds" not in st.session_state
     if missing or st.session_state.get("run_defaults_for") != model_key:
-        steps, n_seeds = compute.run_defaults(model, model_key, tokens)
+        steps, n_seeds = compute.run_defaults(model, tokens)
         st.session_state["steps"] = steps
         st.session_state["seeds"] = ", ".join(map(str, range(n_seeds)))
         st.session_state["run_defaults_for"] = model_key
@@ -102,7 +102,7 @@ def collect_with_progress(model, model_key: str, run, guess) -> object:
     n_runs = 1 if run.init_scale == 0 else len(run.seeds)
     what = f"{n_runs} run(s) × {run.num_steps} steps × {len(run.token_ids)} tokens"
     progress = compute.CollectProgress(what, guess)
-    return compute.trajectory(model, model_key, run, _progress=progress)
+    return compute.trajectory(model, run, _progress=progress)
 
 
 def speed_line(guess) -> str:
@@ -145,7 +145,7 @@ def main() -> None:
         f"{str(model.dtype).removeprefix('torch.')} ({model.num_parameters() / 1e6:,.1f} M "
         "parameters); one model is kept, switching frees it first."
     )
-    model_key = f"{path}|{raw['device']}|{raw['dtype']}|{compute.checkpoint_signature(path)}"
+    model_key = model.cache_key
     raw |= run_widgets(model, model_key, prompt_length(model, raw))
     with shown_as_message(stop=True):
         run = inputs.RunSettings(

@@ -43,6 +43,7 @@ from apps import (  # noqa: E402
     tab_training,
     tab_wavefront,
 )
+from apps.cached import with_key  # noqa: E402
 from apps.ui import Context  # noqa: E402
 from recurrent_model.speed import format_gflops  # noqa: E402
 from recurrent_model.standin import byte_level_tokenizer  # noqa: E402
@@ -56,7 +57,7 @@ class Bench:
     """One model's actions: each estimated, then run, then printed as a row."""
 
     def __init__(self, model, key: str, run: inputs.RunSettings, label: str) -> None:
-        self.model, self.key, self.run, self.label = model, key, run, label
+        self.model, self.key, self.run, self.label = with_key(model, key), key, run, label
         self.rows: list[tuple[str, str, float, float, str]] = []
 
     def time(self, what: str, guess: cost.CostEstimate | float, call: Callable[[], object]):
@@ -89,7 +90,7 @@ def collection(b: Bench):
     tokens, runs = len(b.run.token_ids), len(b.run.seeds)
     guess = compute.estimate(b.model, tokens, b.run.num_steps, runs)
     what = f"collection ({runs} seeds × {b.run.num_steps} steps)"
-    return b.time(what, guess, lambda: compute.trajectory(b.model, b.key, b.run))
+    return b.time(what, guess, lambda: compute.trajectory(b.model, b.run))
 
 
 def lenses(b: Bench, traj) -> None:
@@ -107,7 +108,7 @@ def generation(b: Bench, new: int) -> None:
     steps, ids = b.run.num_steps, b.run.token_ids
     guess = compute.generation_estimate(b.model, len(ids), new, steps)
     b.time(f"generation ({new} tokens)", guess, lambda: compute.generation(
-        b.model, b.key, ids, new, steps, None, None, 0.0))  # fmt: skip
+        b.model, ids, new, steps, None, None, 0.0))  # fmt: skip
 
 
 def patching(b: Bench) -> None:
@@ -148,7 +149,7 @@ def diffusion(b: Bench, traj, new: int) -> None:
     ctx, steps = b.context(traj), b.run.num_steps
     guess = tab_wavefront.wavefront_estimate(ctx, new, 4, 1)
     b.time(f"diffusion sampling ({new} tokens)", guess, lambda: compute.diffusion_run(
-        b.model, b.key, b.run.token_ids, new, steps, 4, 1, 0.03, "latent-diff", 0.0))  # fmt: skip
+        b.model, b.run.token_ids, new, steps, 4, 1, 0.03, "latent-diff", 0.0))  # fmt: skip
 
 
 def series(b: Bench, traj) -> None:
