@@ -1,7 +1,8 @@
 """Cached computations behind the Interventions tab: patching, steering and ablation.
 
-Like ``apps.compute``: the model comes in unhashed as ``_model`` with a hashable ``model_key``, every
-other argument is hashable, so a rerun that changes nothing recomputes nothing. Each function is one
+Like ``apps.compute``: each is a ``cached_analysis`` keyed by the model's ``cache_key``, every other
+argument is hashed (a steering vector or plane by its ``direction_key``), so a rerun that changes
+nothing recomputes nothing. Each function is one
 workbench call (plus the token bookkeeping the tab needs).
 """
 
@@ -11,7 +12,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import streamlit as st
 import torch
 
 import workbench
@@ -21,9 +21,8 @@ from workbench._frames import token_display_strings
 from workbench.interventions_common import run_init
 
 from . import cost
+from .cached import cached_analysis
 from .compute import TaskProgress, estimate_flops
-
-ModelKey = str
 
 
 def corrupt(token_ids: tuple[int, ...], position: int, token_id: int) -> tuple[int, ...]:
@@ -44,10 +43,9 @@ def one_token(tokenizer, text: str) -> int:
     return int(ids[0])
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=8)
 def patching(
-    _model,
-    model_key: ModelKey,
+    model,
     clean: tuple[int, ...],
     corrupted: tuple[int, ...],
     num_steps: int,
@@ -67,9 +65,9 @@ def patching(
     batches). Unhashed, so a rerun with a new bar still hits the cache."""
     if _progress is not None:
         _progress.start()
-    with threads_for(_model):
+    with threads_for(model):
         frame = workbench.patch_states(
-            _model, list(clean), list(corrupted), num_steps, hook=hook, positions=positions,
+            model, list(clean), list(corrupted), num_steps, hook=hook, positions=positions,
             direction=direction, init_scale=init_scale, seed=seed, metric=metric, target=target,
             corrupted_target=corrupted_target, batch_size=batch_size,
             progress=_progress if _progress is not None else False,
@@ -79,40 +77,37 @@ def patching(
     return frame
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=16)
 def answer(
-    _model, model_key: ModelKey, token_ids: tuple[int, ...], num_steps: int, init_scale: float,
+    model, token_ids: tuple[int, ...], num_steps: int, init_scale: float,
     seed: int,
 ) -> tuple[str, float]:  # fmt: skip
     """The run's top next token at the last position and its probability (the patching s_0)."""
-    with threads_for(_model), torch.no_grad():
-        init = run_init(_model, len(token_ids), init_scale, seed, 1)
-        ids = torch.tensor([token_ids], device=_model.device)
-        probs = torch.softmax(_model(ids, num_steps=num_steps, **init).logits[0, -1].float(), -1)
+    with threads_for(model), torch.no_grad():
+        init = run_init(model, len(token_ids), init_scale, seed, 1)
+        ids = torch.tensor([token_ids], device=model.device)
+        probs = torch.softmax(model(ids, num_steps=num_steps, **init).logits[0, -1].float(), -1)
     top = int(probs.argmax())
-    return token_display_strings(_model.tokenizer, [top])[0], float(probs[top])
+    return token_display_strings(model.tokenizer, [top])[0], float(probs[top])
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=8)
 def mean_difference(
-    _model,
-    model_key: ModelKey,
+    model,
     prompts_a: tuple[str, ...],
     prompts_b: tuple[str, ...],
     num_steps: int,
 ) -> np.ndarray:
     """Difference of the mean last-token final states of two prompt sets (s_0 = 0)."""
-    with threads_for(_model):
-        return workbench.difference_of_means(_model, list(prompts_a), list(prompts_b), num_steps)
+    with threads_for(model):
+        return workbench.difference_of_means(model, list(prompts_a), list(prompts_b), num_steps)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def token_plane(
-    _model, model_key: ModelKey, token_ids: tuple[int, ...], num_steps: int, position: int
-) -> np.ndarray:
+@cached_analysis(keyed=("model",), max_entries=16)
+def token_plane(model, token_ids: tuple[int, ...], num_steps: int, position: int) -> np.ndarray:
     """The rotation plane (2, h) of one token's raw core states (s_0 = 0)."""
-    with threads_for(_model):
-        return workbench.token_rotation_plane(_model, list(token_ids), num_steps, position)
+    with threads_for(model):
+        return workbench.token_rotation_plane(model, list(token_ids), num_steps, position)
 
 
 def _hooks(vector: np.ndarray | None, plane: np.ndarray | None, mode: str, amount: float, steps):
@@ -145,10 +140,9 @@ def steering_estimate(
     return estimate_flops(model, flops, rows=tokens, calls=calls, action="steering")
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=16)
 def steering(
-    _model,
-    model_key: ModelKey,
+    model,
     token_ids: tuple[int, ...],
     num_steps: int,
     _vector: np.ndarray | None,
@@ -160,21 +154,20 @@ def steering(
 ) -> dict:
     """Effect on the last position's next-token distribution (and an α sweep when adding)."""
     hooks = _hooks(_vector, _plane, mode, amount, steps)
-    with threads_for(_model):
-        effect = workbench.steering_effect(_model, list(token_ids), num_steps, hooks)
+    with threads_for(model):
+        effect = workbench.steering_effect(model, list(token_ids), num_steps, hooks)
         sweep = None
         if mode == "add":
             alphas = sweep_alphas(amount)
             sweep = workbench.steering_sweep(
-                _model, list(token_ids), num_steps, _vector, alphas, steps=steps
+                model, list(token_ids), num_steps, _vector, alphas, steps=steps
             )
     return {"effect": effect, "sweep": sweep}
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=8)
 def steered_text(
-    _model,
-    model_key: ModelKey,
+    model,
     token_ids: tuple[int, ...],
     num_steps: int,
     _vector: np.ndarray | None,
@@ -187,19 +180,18 @@ def steered_text(
 ) -> tuple[str, str]:
     """Greedy continuations without and with the steering hook active during generation."""
     hooks = _hooks(_vector, _plane, mode, amount, steps)
-    with threads_for(_model):
+    with threads_for(model):
         base, steered = workbench.steered_generation(
-            _model, torch.tensor(token_ids), max_new_tokens, num_steps, hooks
+            model, torch.tensor(token_ids), max_new_tokens, num_steps, hooks
         )
     n = len(token_ids)
-    tok = _model.tokenizer
+    tok = model.tokenizer
     return tok.decode(base[0, n:].tolist()), tok.decode(steered[0, n:].tolist())
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@cached_analysis(keyed=("model",), max_entries=16)
 def ablation(
-    _model,
-    model_key: ModelKey,
+    model,
     token_ids: tuple[int, ...],
     num_steps: int,
     position: int,
@@ -211,9 +203,9 @@ def ablation(
     with ``_progress`` a bar follows the planes (and Stop ends them between batches)."""
     if _progress is not None:
         _progress.start()
-    with threads_for(_model):
+    with threads_for(model):
         result = workbench.ablate_subspace(
-            _model, list(token_ids), num_steps, position, n_random=n_random,
+            model, list(token_ids), num_steps, position, n_random=n_random,
             batch_size=batch_size, progress=_progress,
         )  # fmt: skip
     if _progress is not None:

@@ -59,7 +59,7 @@ def _show_answers(ctx: Context, frame, clean: tuple[int, ...], corrupted: tuple[
     metric = frame.attrs["metric"]
     cols = st.columns(3)
     for col, label, ids in ((cols[0], "clean", clean), (cols[1], "corrupted", corrupted)):
-        token, prob = compute.answer(ctx.model, ctx.model_key, ids, steps, scale, seed)
+        token, prob = compute.answer(ctx.model, ids, steps, scale, seed)
         col.metric(f"{label} answer", token, f"p = {prob:.3f}", delta_color="off")
     unit = "logits" if metric == "logit_diff" else "nats"
     cols[2].metric(f"gap ({metric})", f"{frame.attrs['gap']:.3g} {unit}")
@@ -104,7 +104,7 @@ def patching_panel(ctx: Context) -> None:
         return
     progress = compute.TaskProgress(f"Patching {patches} patches", "patches", guess)
     frame = compute.patching(
-        ctx.model, ctx.model_key, clean, corrupted, steps, hook, positions, direction, scale,
+        ctx.model, clean, corrupted, steps, hook, positions, direction, scale,
         seed, metric, target, corrupted_target, batch_size=batch_size, _progress=progress,
     )  # fmt: skip
     _show_answers(ctx, frame, clean, corrupted)
@@ -129,7 +129,7 @@ def _direction(ctx: Context, source: str, steps: int) -> tuple[np.ndarray, np.nd
         pb = tuple(line for line in b.splitlines() if line.strip())
         if not pa or not pb:
             raise ValueError("enter at least one prompt in each set")
-        v = compute.mean_difference(ctx.model, ctx.model_key, pa, pb, steps)
+        v = compute.mean_difference(ctx.model, pa, pb, steps)
         return v, None, f"means|{pa}|{pb}"
     if source == "PCA component":
         k = st.number_input("Component (0 = PC1)", 0, 20, 0, key="steer_pc")
@@ -138,7 +138,7 @@ def _direction(ctx: Context, source: str, steps: int) -> tuple[np.ndarray, np.nd
     position = ctx.token_picker(
         "Token whose rotation plane", "steer_plane_token", default_tokens(ctx.tokens, 1)[0]
     )
-    plane = compute.token_plane(ctx.model, ctx.model_key, ctx.run.token_ids, steps, position)
+    plane = compute.token_plane(ctx.model, ctx.run.token_ids, steps, position)
     angle = st.slider("Vector angle in the plane (rad)", 0.0, 6.28, 0.0, key="steer_angle")
     return plane_vector(plane, angle).numpy(), plane, f"plane|{position}|{angle}"
 
@@ -168,7 +168,7 @@ def steering_panel(ctx: Context) -> None:
             key="steer_alpha",
         )
     args = (
-        ctx.model, ctx.model_key, ctx.run.token_ids, steps, vector, plane, key, mode,
+        ctx.model, ctx.run.token_ids, steps, vector, plane, key, mode,
         float(amount), (int(first), int(last)),
     )  # fmt: skip
     tokens = len(ctx.run.token_ids)
@@ -233,7 +233,7 @@ def ablation_panel(ctx: Context) -> None:
         return
     progress = compute.TaskProgress("Ablating", "planes", guess)
     res = compute.ablation(
-        ctx.model, ctx.model_key, ctx.run.token_ids, steps, *request, batch_size=batch_size,
+        ctx.model, ctx.run.token_ids, steps, *request, batch_size=batch_size,
         _progress=progress,
     )  # fmt: skip
     c1, c2, c3 = st.columns(3)

@@ -116,7 +116,7 @@ def patching(b: Bench) -> None:
     patches = len(pair.clean_ids) * (steps + 1)
     guess, batch = intervention_compute.patching_plan(b.model, len(pair.clean_ids), steps, patches)
     b.time(f"patching ({patches} patches)", guess, lambda: intervention_compute.patching(
-        b.model, b.key, pair.clean_ids, pair.corrupted_ids, steps, "core.hook_state", "each",
+        b.model, pair.clean_ids, pair.corrupted_ids, steps, "core.hook_state", "each",
         "denoising", 0.0, 0, "logit_diff", pair.target, pair.corrupted_target, batch_size=batch,
     ))  # fmt: skip
 
@@ -126,7 +126,7 @@ def ablation(b: Bench, n_random: int) -> None:
     guess, batch = intervention_compute.ablation_plan(b.model, len(ids), steps, n_random)
     position = len(ids) - 1
     b.time(f"ablation ({n_random} random planes)", guess, lambda: intervention_compute.ablation(
-        b.model, b.key, ids, steps, position, n_random, batch_size=batch))  # fmt: skip
+        b.model, ids, steps, position, n_random, batch_size=batch))  # fmt: skip
 
 
 def steering(b: Bench, traj, amount: float) -> None:
@@ -135,7 +135,7 @@ def steering(b: Bench, traj, amount: float) -> None:
     vector = traj.states[0][-1, -1]
     what = f"steering (add, α = {amount:g}{', sweep' if amount else ''})"
     b.time(what, guess, lambda: intervention_compute.steering(
-        b.model, b.key, ids, steps, vector, None, "bench", "add", amount, (1, steps)))  # fmt: skip
+        b.model, ids, steps, vector, None, "bench", "add", amount, (1, steps)))  # fmt: skip
 
 
 def stability(b: Bench, traj, k: int, position: int) -> None:
