@@ -46,6 +46,7 @@ def shares(frame: pd.DataFrame, by: str | None) -> pd.DataFrame:
         else unsettled.groupby(fixed[by]).sum() / table["tokens"]
     )
     table["converging"] = table["converging"].fillna(0.0)
+    table["tokens"] = table["tokens"].astype(int)
     step = frame["final_step_size"] if by is None else frame.groupby(by)["final_step_size"]
     table["median_final_step"] = step.median()
     return table[[*KINDS, "converging", "tokens", "median_final_step"]]
@@ -180,7 +181,9 @@ def markdown(tables: dict[str, Any]) -> str:
         if table is None or len(table) == 0:
             continue
         index = key != "orbit_prone_tokens"
-        parts.append(f"{title}:\n\n" + table.to_markdown(index=index, floatfmt=".3f"))
+        counts = {c: table[c].map(str) for c in ("tokens", "rows") if c in table}
+        table = table.assign(**counts)  # counts as integers, not in the floats' format
+        parts.append(f"{title}:\n\n" + table.to_markdown(index=index, floatfmt=".3g"))
     periods = tables["periods"].rename("orbits").to_frame()
     periods.index.name = f"period (steps, {PERIOD_CAP} = ≥{PERIOD_CAP})"
     parts.append("Orbit periods:\n\n" + periods.to_markdown())
