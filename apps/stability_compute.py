@@ -20,6 +20,8 @@ from workbench.lyapunov import lyapunov_run, spectrum_frame
 from workbench.stretch_attribution import stretch_attribution
 
 from . import compute, cost
+from .cached import cached_analysis
+from .inputs import RunSettings
 
 #: A JVP costs about this many core passes (dual numbers; measured on the default checkpoint).
 JVP_PASSES = 2.0
@@ -59,13 +61,15 @@ class TokenStability:
     residual: float
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def token_stability(_model, _traj, key: tuple, position: int, k: int, guess: str) -> TokenStability:
+@cached_analysis(keyed=("traj",), max_entries=8)
+def token_stability(
+    _model, traj, run: RunSettings, position: int, k: int, guess: str
+) -> TokenStability:
     """Spectrum at the token's fixed point (others at s_r), Lyapunov run and attribution along the
-    collected trajectory of the first seed, and the distance of s_i from the fixed point."""
-    run = key[1]
+    collected trajectory of the first seed (collected with ``run``), and the distance of s_i from
+    the fixed point. ``_model`` is the one ``traj``'s key names."""
     bar = st.progress(0.0, text=f"Stability of token {position}: {guess}")
-    raw = torch.from_numpy(np.ascontiguousarray(_traj.raw_states[0])).to(_model.dtype)
+    raw = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0])).to(_model.dtype)
     ids = list(run.token_ids)
     steps = raw.shape[0] - 1
 

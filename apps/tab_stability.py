@@ -40,7 +40,7 @@ def render(ctx: Context) -> None:
     if not st.toggle("Compute the stability of this token", key="stab_go"):
         return
     result = stability_compute.token_stability(
-        ctx.model, ctx.traj, ctx.key, position, k, guess.describe()
+        ctx.model, ctx.traj, ctx.run, position, k, guess.describe()
     )
     _summary(ctx, position, result)
     left, right = st.columns(2)
