@@ -153,3 +153,8 @@ class ModelCost:
     def decode_bytes_per_token(self, context: int, r: int, dtype: object) -> float:
         """Bytes one decoded token moves at batch 1: its weights and its KV-cache traffic."""
         return self.decode_weight_bytes(r, dtype) + self.decode_cache_bytes(context, r, dtype)
+
+    # Recorded states ---------------------------------------------------------------------------
+    def trajectory_bytes(self, positions: int, r: int, dtype: object = "float32") -> float:
+        """Bytes of s_0 … s_r kept for ``positions`` token positions (one copy)."""
+        return float(positions * (r + 1) * self.config.n_embd * dtype_bytes(dtype))

@@ -125,3 +125,9 @@ def test_a_large_product_is_cut_to_the_budget_not_its_rows():
     timed = speed.measure([weight], rows=512, budget_s=0.05)
     assert timed.rows == 512 and timed.shapes[0][1] == 2048  # the model's rows and in-dimension
     assert timed.shapes[0][0] < 4096 and timed.seconds < 2.0
+
+
+def test_trajectory_bytes_counts_every_state_of_every_position():
+    cost = rm.preset("huginn-0125").cost
+    assert cost.trajectory_bytes(64, 32) == 64 * 33 * 5280 * 4
+    assert cost.trajectory_bytes(64, 32, "bfloat16") == 64 * 33 * 5280 * 2
