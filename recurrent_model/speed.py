@@ -129,16 +129,17 @@ def _timed(x: torch.Tensor, weights: Sequence[torch.Tensor], rounds: int) -> flo
     return time.perf_counter() - start
 
 
-MAX_ROWS = 1024  # more token states than this are timed at this many (the speed has levelled)
-MIN_OUT = 64  # a weight cut to fit the budget keeps at least this many output rows
+MAX_ROWS = 512  # more token states than this are timed at this many (the speed has levelled)
+MIN_OUT = 1024  # a weight cut to fit the budget keeps this many output rows (a GEMM that small
+# no longer runs at the full product's speed)
 
 
 def _guess(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> float:
     """A first FLOP/s: one round over every weight at one row (which also reads each weight in,
-    a memory-mapped checkpoint's pages included), then the best of three products of up to 8
+    a memory-mapped checkpoint's pages included), then the best of three products of up to 32
     rows with the smallest weight."""
     _timed(x[:1], weights, 1)
-    w0, few = min(weights, key=lambda w: w.numel()), min(len(x), 8)
+    w0, few = min(weights, key=lambda w: w.numel()), min(len(x), 32)
     first = min(_timed(x[:few], [w0], 1) for _ in range(3))
     return 2.0 * few * w0.numel() / max(first, 1e-9)
 
@@ -159,21 +160,24 @@ def measure(weights: Sequence[torch.Tensor], rows: int, budget_s: float = BUDGET
 
     After a warm-up that reads every weight and guesses the speed (``_guess``), each weight is cut
     to its first output rows where needed so that one round over all of them takes about a third
-    of ``budget_s``; rounds repeat until two thirds have passed (at least one)."""
+    of ``budget_s``; products then run in turn, smallest weight first, until two thirds have
+    passed (at least one product)."""
     t0, dtype = time.perf_counter(), weights[0].dtype
     dev, rows = weights[0].device, min(MAX_ROWS, max(1, int(rows)))
     width = max(w.shape[1] for w in weights)
     with torch.inference_mode():
         x = torch.randn(rows, width, generator=torch.Generator().manual_seed(0)).to(dev, dtype)
-        timed = _fit(weights, rows, budget_s / 3 * _guess(x, weights))
-        rounds, elapsed = 0, 0.0
-        while rounds == 0 or (elapsed < 2 * budget_s / 3 and rounds < 1000):
-            elapsed += _timed(x, timed, 1)
-            rounds += 1
-    flops = 2.0 * rows * sum(w.numel() for w in timed) * rounds
+        fitted = _fit(weights, rows, budget_s / 3 * _guess(x, weights))
+        timed = sorted(fitted, key=torch.numel)
+        done, flops, elapsed = 0, 0.0, 0.0
+        while done == 0 or (elapsed < 2 * budget_s / 3 and done < 4000):
+            w = timed[done % len(timed)]
+            elapsed += _timed(x, [w], 1)
+            flops += 2.0 * rows * w.numel()
+            done += 1
     return Speed(
         max(FLOOR_FLOPS, flops / max(elapsed, 1e-9)), str(dev), str(dtype).removeprefix("torch."),
-        rows, torch.get_num_threads(), tuple(tuple(w.shape) for w in timed), time.time(),
+        rows, torch.get_num_threads(), tuple(tuple(w.shape) for w in fitted), time.time(),
         load_average(), time.perf_counter() - t0,
     )  # fmt: skip
 
