@@ -63,6 +63,15 @@ def test_trajectory_analyses_follow_the_trajectory_they_are_given():
         compute.token_correlation(workbench.collect(model, ids, 4, seeds=(2,)))
 
 
+def test_a_rewritten_checkpoint_is_another_model_key(tmp_path):
+    path = tmp_path / "ckpt"
+    fallback_model().save_pretrained(path)
+    key = compute.load(str(path), "cpu", None, compute.checkpoint_signature(path)).cache_key
+    fallback_model(seed=1).save_pretrained(path)
+    model = compute.load(str(path), "cpu", None, compute.checkpoint_signature(path))
+    assert model.cache_key != key and str(path) in model.cache_key
+
+
 @dataclass
 class FakePage:
     """What screenshot_tabs uses of a Playwright page; records the tabs and buttons it clicks."""
