@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -437,20 +437,31 @@ def series_signature(run_dir: Path) -> str:
     )
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
+@dataclass(frozen=True)
+class CheckpointRun:
+    """A training run's directory of checkpoints, keyed by its path and ``series_signature``,
+    read from the files whenever a cached call is made."""
+
+    path: Path
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        return str(self.path), series_signature(self.path)
+
+
+@cached_analysis(keyed=("series",), max_entries=4)
 def checkpoint_series(
-    run_dir: str,
+    series: CheckpointRun,
     text: str,
     num_steps: int,
     seeds: tuple[int, ...],
-    signature: str,
     stability: bool = False,
     _progress: TaskProgress | None = None,
 ) -> pd.DataFrame:
     """`workbench.checkpoint_series` of one prompt (with λ_1 and the share of stable tokens when
     ``stability``), with a progress bar per checkpoint (``_progress``, or a plain one), on one
     thread for small models (see recurrent_model.threads)."""
-    del signature  # part of the cache key only
+    run_dir = str(series.path)
     what = "λ_1 of every checkpoint" if stability else "Analysing the checkpoints"
     if _progress is None:
         bar = st.progress(0.0, text=f"{what} …")

@@ -70,8 +70,8 @@ def render(ctx: Context) -> None:
     prompt = ctx.model.tokenizer.decode(list(ctx.run.token_ids), skip_special_tokens=True)
     progress = compute.TaskProgress("Analysing the checkpoints", "checkpoints", guess)
     frame = compute.checkpoint_series(
-        str(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
-        compute.series_signature(run_dir), _progress=progress,
+        compute.CheckpointRun(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
+        _progress=progress,
     )  # fmt: skip
     chart(figures.checkpoint_series_figure(frame), "series_fig")
     chart(figures.loss_by_depth_figure(frame), "series_depth")
@@ -80,7 +80,7 @@ def render(ctx: Context) -> None:
     stability = "λ_1 and the share of stable tokens per checkpoint (slower)"
     if st.toggle(stability, key="series_stability"):
         stable = compute.checkpoint_series(
-            str(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
-            compute.series_signature(run_dir), stability=True,
+            compute.CheckpointRun(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
+            stability=True,
         )  # fmt: skip
         chart(stability_figures.stability_series_figure(stable), "series_stability_fig")

@@ -156,7 +156,7 @@ def series(b: Bench, traj) -> None:
     guess, _ = tab_training.series_estimate(b.context(traj), found)
     text = b.model.tokenizer.decode(list(b.run.token_ids), skip_special_tokens=True)
     b.time(f"training series ({len(found)} checkpoints)", guess, lambda: compute.checkpoint_series(
-        str(SERIES), text, b.run.num_steps, b.run.seeds, compute.series_signature(SERIES)))  # fmt: skip
+        compute.CheckpointRun(SERIES), text, b.run.num_steps, b.run.seeds))  # fmt: skip
 
 
 def umap(b: Bench, traj) -> None:
