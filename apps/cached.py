@@ -1,9 +1,10 @@
 """Cached analyses keyed by what they analyse.
 
 ``@cached_analysis(keyed=("traj",))`` wraps ``st.cache_data``: the parameters named in ``keyed``
-(a trajectory, a model) are not hashed but stand in the cache key through their ``cache_key``
-attribute, which ``apps.compute.trajectory`` sets to (the model's key, the RunSettings). A value
-without one is an error, so a call can neither forget its key nor pass one that names other inputs.
+(a trajectory, a model, a checkpoint run) are not hashed but stand in the cache key through their
+``cache_key`` attribute, which ``apps.compute`` sets (``load``, ``trajectory``, ``CheckpointRun``).
+A value without one is an error, so a call can neither forget its key nor pass one that names
+other inputs.
 Every other parameter is hashed as usual, except those named with a leading underscore (progress
 bars, or values derived from the keyed ones such as the token texts).
 """

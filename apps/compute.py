@@ -2,9 +2,10 @@
 (st.cache_data). Every analysis is a workbench call; this module only caches and keys them.
 
 Cached calls are ``@cached_analysis`` (``apps/cached.py``): their key is the ``cache_key`` of the
-model (set by ``load``: path, device, dtype and the checkpoint's signature) or of the trajectory
-(set by ``trajectory``: the model's key and the RunSettings), so a rerun that only changes a view
-recomputes nothing and a changed input cannot hit a stale entry.
+model (set by ``load``: path, device, dtype and the checkpoint's signature), of the trajectory
+(set by ``trajectory``: the model's key and the RunSettings) or of a ``CheckpointRun`` (its path
+and checkpoints), so a rerun that only changes a view recomputes nothing and a changed input cannot
+hit a stale entry.
 """
 
 from __future__ import annotations
