@@ -12,16 +12,28 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
-import torch
+# torch and the model are imported only after the arguments are checked (see main): an argument
+# error then costs no import time.
+if TYPE_CHECKING:
+    import torch
 
-from .checkpoint import CheckpointError, load_model
-from .config import ConfigError
-from .diffusion import FREEZE_STRATEGIES, DiffusionOutput
-from .kv_cache import KVCacheTooLarge
-from .sampling import EXIT_CRITERIA
-from .tokenizer import TokenizerError
+    from .diffusion import DiffusionOutput
+
+DEFAULT_NEW_TOKENS = 128
+
+# The library's names (recurrent_model.sampling.EXIT_CRITERIA, diffusion.FREEZE_STRATEGIES),
+# spelled out so that the parser needs no torch; a test keeps them equal.
+EXIT_CRITERIA = ("kl", "minp-kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability")
+FREEZE_STRATEGIES = (
+    "latent-diff",
+    "latent-acceleration-1",
+    "latent-acceleration-2",
+    "token-stability",
+    "fixed",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (Huginn layout)")
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"tokens to generate (default {DEFAULT_NEW_TOKENS}, or what the context leaves)",
+    )
     p.add_argument("--num-steps", type=int, default=None, help="core iterations (default: r̄)")
     p.add_argument("--exit", choices=EXIT_CRITERIA, default=None, help="adaptive-exit criterion")
     p.add_argument("--threshold", type=float, default=None, help="adaptive-exit threshold")
@@ -84,10 +101,22 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+# Integer flags that count something: each must be at least 1 when given.
+COUNTS = ("max_new_tokens", "num_steps", "min_steps", "draft_steps", "lookahead", "cache_budget",
+          "inner_recurrence", "headway", "max_wavefront")  # fmt: skip
+
+
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse a combination that would leave a flag silently unused, and an empty prompt."""
+    """Refuse a combination that would leave a flag silently unused, a count below 1, a missing
+    checkpoint directory and an empty prompt; every message names the flags as typed."""
     if not args.prompt.strip():
         raise UsageError("--prompt is empty: give some text to continue")
+    if not Path(args.checkpoint).exists():
+        raise UsageError(f"--checkpoint {args.checkpoint} does not exist")
+    for dest in COUNTS:
+        value = getattr(args, dest)
+        if value is not None and value < 1:
+            raise UsageError(f"{_flag(dest)} must be at least 1, got {value}")
     if args.diffusion:
         given = [_flag(d) for d in DECODER_ONLY if getattr(args, d) is not None]
         if args.compile:
@@ -101,6 +130,25 @@ def check_arguments(args: argparse.Namespace) -> None:
     given = [_flag(d) for d in DIFFUSION_ONLY if getattr(args, d) is not None]
     if given:
         raise UsageError(f"{', '.join(given)} only apply with --diffusion")
+    check_decoder_flags(args)
+
+
+def check_decoder_flags(args: argparse.Namespace) -> None:
+    """The token-by-token decoder's flags that need another flag, or must not exceed one."""
+    if args.exit is None:
+        given = [_flag(d) for d in ("threshold", "min_steps") if getattr(args, d) is not None]
+        if given:
+            raise UsageError(
+                f"{' and '.join(given)} only apply with an adaptive exit: add --exit "
+                f"({', '.join(EXIT_CRITERIA)}) or drop {' and '.join(given)}"
+            )
+    if args.lookahead is not None and args.draft_steps is None:
+        raise UsageError("--lookahead only applies with --draft-steps (speculative decoding)")
+    if None not in (args.min_steps, args.num_steps) and args.min_steps > args.num_steps:
+        raise UsageError(
+            f"--min-steps {args.min_steps} exceeds --num-steps {args.num_steps} "
+            "(the most iterations a token may take)"
+        )
     if args.compile and (args.exit is not None or args.draft_steps is not None):
         raise UsageError(
             "--compile decodes at a fixed depth and cannot honour --exit or --draft-steps; "
@@ -112,6 +160,8 @@ def check_device(name: str | None) -> torch.device | None:
     """The device ``--device`` names, after checking that this torch build can use it."""
     if name is None:
         return None
+    import torch
+
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError) as exc:
@@ -143,6 +193,25 @@ def cache_hint(message: str, n_core: int, diffusion: bool = False) -> str:
     return text
 
 
+# The library's keyword arguments and the flags that set them.
+KEYWORD_FLAGS = {
+    "exit_criterion": "--exit",
+    "exit_threshold": "--threshold",
+    "max_steps": "--num-steps",
+    "max_new_tokens": "--max-new-tokens",
+    "do_sample": "--sample",
+    "continuous_compute": "--continuous",
+    **{d: _flag(d) for d in (*COUNTS, *DIFFUSION_ONLY, "temperature", "top_k", "top_p", "min_p",
+                             "init_scale")},
+}  # fmt: skip
+
+
+def in_flags(message: str) -> str:
+    """A library error message with its keyword arguments replaced by the flags that set them."""
+    names = "|".join(sorted(KEYWORD_FLAGS, key=len, reverse=True))
+    return re.sub(rf"\b({names})\b", lambda m: KEYWORD_FLAGS[m.group(1)], message)
+
+
 class _TextStreamer:
     """Prints the decoded text as tokens arrive (row 0), collecting the iterations per token."""
 
@@ -169,10 +238,26 @@ class _TextStreamer:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
-    """Run the command line; returns the exit status (2 with a message on stderr for bad input)."""
+    """Run the command line; returns the exit status (2 with a message on stderr for bad input).
+
+    The arguments are parsed and checked before torch and the model code are imported."""
     args = build_parser().parse_args(argv)
     try:
         check_arguments(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """Load the model, generate and report; library errors become one line naming the flags."""
+    from .checkpoint import CheckpointError, load_model
+    from .config import ConfigError
+    from .kv_cache import KVCacheTooLarge
+    from .tokenizer import TokenizerError
+
+    try:
         device = check_device(args.device)
         model = load_model(args.checkpoint, device=device, dtype=args.dtype, require_tokenizer=True)
     except (CheckpointError, ConfigError, TokenizerError, UsageError) as exc:
@@ -186,7 +271,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         print(f"error: {cache_hint(str(exc), n_core, args.diffusion)}", file=sys.stderr)
         return 2
     except (ConfigError, TokenizerError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {in_flags(str(exc))}", file=sys.stderr)
         return 2
     out.write("\n\n")
     if args.diffusion:
@@ -196,14 +281,38 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     return 0
 
 
+def new_tokens(args: argparse.Namespace, prompt_tokens: int, block_size: int) -> int:
+    """``--max-new-tokens`` (DEFAULT_NEW_TOKENS when not given), cut to what the context leaves
+    after the prompt; a cut of a given value is said in one line on stderr (a prompt that leaves
+    no room is the library's error)."""
+    room = block_size - prompt_tokens
+    if args.max_new_tokens is None:
+        return min(DEFAULT_NEW_TOKENS, max(room, 0))
+    if 0 < room < args.max_new_tokens:
+        print(
+            f"note: --max-new-tokens {args.max_new_tokens} is cut to {room}: the context holds "
+            f"{block_size} tokens and the prompt takes {prompt_tokens}",
+            file=sys.stderr,
+        )
+    return min(args.max_new_tokens, max(room, 0))
+
+
 def _generate(model, args: argparse.Namespace, streamer: _TextStreamer):
-    """Encode the prompt and decode with the sampler the arguments choose, streaming to ``streamer``."""
+    """Encode the prompt and decode with the sampler the arguments choose, streaming to
+    ``streamer``; long work prints its estimate first and progress while it runs."""
+    import torch
+
+    from .cli_progress import Ticker, estimate
+
     tok = model.tokenizer
     if args.chat:
         ids = tok.encode_chat([{"role": "user", "content": args.prompt}])
     else:
         ids = tok.encode(args.prompt)
-    max_new = min(args.max_new_tokens, max(model.config.block_size - len(ids), 0))
+    max_new = new_tokens(args, len(ids), model.config.block_size)
+    steps = model.config.mean_recurrence if args.num_steps is None else args.num_steps
+    guess = estimate(model, len(ids), max_new, steps) if max_new > 0 else None
+    headline = guess.describe(max_new, steps) if guess is not None else ""
     sampling = dict(
         do_sample=args.sample,
         temperature=args.temperature,
@@ -215,16 +324,27 @@ def _generate(model, args: argparse.Namespace, streamer: _TextStreamer):
         return_details=True,
     )
     prompt = torch.tensor([ids], device=model.device)
-    if args.diffusion:
-        return model.generate_diffusion(
-            prompt,
-            max_new,
-            num_steps=model.config.mean_recurrence if args.num_steps is None else args.num_steps,
-            **{d: getattr(args, d) for d in DIFFUSION_ONLY if getattr(args, d) is not None},
-            continuous_compute=args.continuous,
-            streamer=lambda new, *_: streamer.append(new[: max_new - len(streamer.ids)].tolist()),
-            **sampling,
-        )
+    with Ticker(sys.stderr, max_new, lambda: len(streamer.ids), guess, headline):
+        if args.diffusion:
+            return _diffusion(model, args, prompt, max_new, steps, streamer, sampling)
+        return _decode(model, args, prompt, max_new, streamer, sampling)
+
+
+def _diffusion(model, args, prompt, max_new: int, steps: int, streamer, sampling: dict):
+    """model.generate_diffusion with the flags given (others take the sampler's defaults)."""
+    return model.generate_diffusion(
+        prompt,
+        max_new,
+        num_steps=steps,
+        **{d: getattr(args, d) for d in DIFFUSION_ONLY if getattr(args, d) is not None},
+        continuous_compute=args.continuous,
+        streamer=lambda new, *_: streamer.append(new[: max_new - len(streamer.ids)].tolist()),
+        **sampling,
+    )
+
+
+def _decode(model, args, prompt, max_new: int, streamer, sampling: dict):
+    """model.generate, token by token, with the decoder's flags."""
     if args.compile:
         print("compiling (first call only)...", file=sys.stderr, flush=True)
     return model.generate(
