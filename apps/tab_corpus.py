@@ -19,6 +19,7 @@ from workbench import corpus, figures
 from workbench._frames import printable, token_display_strings
 from workbench.corpus.store import MANIFEST
 
+from .cached import cached_analysis
 from .inputs import MAX_SEEDS, MAX_STEPS
 from .tab_dynamics import SHOWN_KINDS, shown_kinds
 from .ui import Context, chart, quoted_tokens, table_download
@@ -108,15 +109,29 @@ def token_texts(frame: pd.DataFrame, tokenizer: Any | None) -> pd.Series:
     return frame["token"].map({t: printable(t) for t in texts})
 
 
-@st.cache_data(max_entries=2, show_spinner="Reading the corpus run …")
-def read_run(path: str, signature: str, _tokenizer: Any | None, vocab_key: str) -> CorpusRun:
-    """The run in ``path`` (``signature`` and ``vocab_key`` name its files and the token labels)."""
+@dataclass(frozen=True)
+class CorpusDir:
+    """A corpus run's directory, keyed by its path and ``run_signature``, read from the files
+    whenever a cached call is made."""
+
+    path: Path
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        return str(self.path), run_signature(self.path)
+
+
+@cached_analysis(keyed=("run", "model"), max_entries=2, show_spinner="Reading the corpus run …")
+def read_run(run: CorpusDir, model: Any, shared: bool) -> CorpusRun:
+    """The run in ``run.path``, its tokens labelled by ``model``'s tokenizer when ``shared``
+    (the run was made with this model's vocabulary), else by their stored text."""
+    path, tokenizer = str(run.path), model.tokenizer if shared else None
     frame = corpus.load(path)
     prompts = corpus.load_prompts(path).set_index("prompt_id")
     short = {pid: printable(text)[:PROMPT_WIDTH] for pid, text in prompts["text"].items()}
     table = frame.assign(
         kind=shown_kinds(frame),
-        token=token_texts(frame, _tokenizer),
+        token=token_texts(frame, tokenizer),
         prompt=frame["prompt_id"].map(short),
     )
     table = quoted_tokens(table[[c for c in TABLE_COLUMNS if c in table]])
@@ -246,8 +261,7 @@ def render(ctx: Context) -> None:
     model = ctx.model
     try:
         manifest = corpus.read_manifest(path)
-        shared = model.tokenizer if same_model(manifest, model) else None
-        run = read_run(str(path), run_signature(path), shared, f"{model.name}|{shared is None}")
+        run = read_run(CorpusDir(path), model, same_model(manifest, model))
     except (corpus.CorpusError, OSError) as exc:  # a run still starting, or a part unreadable
         st.info(str(exc))
         return
