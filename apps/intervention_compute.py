@@ -1,9 +1,9 @@
 """Cached computations behind the Interventions tab: patching, steering and ablation.
 
-Like ``apps.compute``: each is a ``cached_analysis`` keyed by the model's ``cache_key``, every other
-argument is hashed (a steering vector or plane by its ``direction_key``), so a rerun that changes
-nothing recomputes nothing. Each function is one
-workbench call (plus the token bookkeeping the tab needs).
+Like ``apps.compute``: each is a ``cached_analysis`` keyed by the model's ``cache_key``; every other
+argument is hashed (a steering vector and plane too: they are small), so a rerun that changes
+nothing recomputes nothing. Each function is one workbench call (plus the token bookkeeping the tab
+needs).
 """
 
 from __future__ import annotations
@@ -145,22 +145,21 @@ def steering(
     model,
     token_ids: tuple[int, ...],
     num_steps: int,
-    _vector: np.ndarray | None,
-    _plane: np.ndarray | None,
-    direction_key: str,
+    vector: np.ndarray | None,
+    plane: np.ndarray | None,
     mode: str,
     amount: float,
     steps: tuple[int, int],
 ) -> dict:
     """Effect on the last position's next-token distribution (and an α sweep when adding)."""
-    hooks = _hooks(_vector, _plane, mode, amount, steps)
+    hooks = _hooks(vector, plane, mode, amount, steps)
     with threads_for(model):
         effect = workbench.steering_effect(model, list(token_ids), num_steps, hooks)
         sweep = None
         if mode == "add":
             alphas = sweep_alphas(amount)
             sweep = workbench.steering_sweep(
-                model, list(token_ids), num_steps, _vector, alphas, steps=steps
+                model, list(token_ids), num_steps, vector, alphas, steps=steps
             )
     return {"effect": effect, "sweep": sweep}
 
@@ -170,16 +169,15 @@ def steered_text(
     model,
     token_ids: tuple[int, ...],
     num_steps: int,
-    _vector: np.ndarray | None,
-    _plane: np.ndarray | None,
-    direction_key: str,
+    vector: np.ndarray | None,
+    plane: np.ndarray | None,
     mode: str,
     amount: float,
     steps: tuple[int, int],
     max_new_tokens: int,
 ) -> tuple[str, str]:
     """Greedy continuations without and with the steering hook active during generation."""
-    hooks = _hooks(_vector, _plane, mode, amount, steps)
+    hooks = _hooks(vector, plane, mode, amount, steps)
     with threads_for(model):
         base, steered = workbench.steered_generation(
             model, torch.tensor(token_ids), max_new_tokens, num_steps, hooks

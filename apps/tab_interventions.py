@@ -121,7 +121,8 @@ def patching_panel(ctx: Context) -> None:
 
 
 def _direction(ctx: Context, source: str, steps: int) -> tuple[np.ndarray, np.ndarray | None, str]:
-    """(vector, plane or None, a key naming them) for the chosen direction source."""
+    """(vector, plane or None, a key naming them for the estimate's approval) for the chosen
+    direction source."""
     if source == "Difference of means":
         a = st.text_area("Prompts A (one per line)", "I love this\nWhat a joy", key="steer_a")
         b = st.text_area("Prompts B (one per line)", "I hate this\nWhat a pain", key="steer_b")
@@ -168,7 +169,7 @@ def steering_panel(ctx: Context) -> None:
             key="steer_alpha",
         )
     args = (
-        ctx.model, ctx.run.token_ids, steps, vector, plane, key, mode,
+        ctx.model, ctx.run.token_ids, steps, vector, plane, mode,
         float(amount), (int(first), int(last)),
     )  # fmt: skip
     tokens = len(ctx.run.token_ids)

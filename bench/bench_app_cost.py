@@ -135,7 +135,7 @@ def steering(b: Bench, traj, amount: float) -> None:
     vector = traj.states[0][-1, -1]
     what = f"steering (add, α = {amount:g}{', sweep' if amount else ''})"
     b.time(what, guess, lambda: intervention_compute.steering(
-        b.model, ids, steps, vector, None, "bench", "add", amount, (1, steps)))  # fmt: skip
+        b.model, ids, steps, vector, None, "add", amount, (1, steps)))  # fmt: skip
 
 
 def stability(b: Bench, traj, k: int, position: int) -> None:
