@@ -3,10 +3,10 @@
 ``@cached_analysis(keyed=("traj",))`` wraps ``st.cache_data``: the parameters named in ``keyed``
 (a trajectory, a model, a checkpoint run) are not hashed but stand in the cache key through their
 ``cache_key`` attribute, which ``apps.compute`` sets (``load``, ``trajectory``, ``CheckpointRun``).
-A value without one is an error, so a call can neither forget its key nor pass one that names
-other inputs.
-Every other parameter is hashed as usual, except those named with a leading underscore (progress
-bars, or values derived from the keyed ones such as the token texts).
+A value without one is an error, and no call passes a key of its own, so none can be forgotten or
+name other inputs. Every other parameter is hashed as usual, except those named with a leading
+underscore: progress bars, and values the keyed ones determine (the token texts of a trajectory,
+the model it was collected with).
 """
 
 from __future__ import annotations
