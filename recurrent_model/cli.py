@@ -139,7 +139,8 @@ def check_decoder_flags(args: argparse.Namespace) -> None:
         given = [_flag(d) for d in ("threshold", "min_steps") if getattr(args, d) is not None]
         if given:
             raise UsageError(
-                f"{' and '.join(given)} only apply with an adaptive exit: add --exit "
+                f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} with an "
+                f"adaptive exit: add --exit "
                 f"({', '.join(EXIT_CRITERIA)}) or drop {' and '.join(given)}"
             )
     if args.lookahead is not None and args.draft_steps is None:

@@ -85,8 +85,10 @@ class Ticker:
         text = f"[{elapsed:.0f} s{of}] {done}/{self.total} tokens"
         if done > 0:
             text += f", about {elapsed / done * (self.total - done):.0f} s left"
+        elif self.guess is not None and elapsed < self.guess.seconds:
+            text += f", about {self.guess.seconds - elapsed:.0f} s left by the estimate"
         elif self.guess is not None:
-            text += f", about {max(self.guess.seconds - elapsed, 0):.0f} s left by the estimate"
+            text += ", past the estimate"
         return text
 
     def _run(self) -> None:

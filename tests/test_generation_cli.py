@@ -201,3 +201,80 @@ def test_tokenizer_of_another_vocabulary_is_refused(checkpoint, tmp_path, capsys
     shutil.copy(tmp_path / "w" / "config.json", other / "config.json")
     err = one_line_error(capsys, "--checkpoint", str(other), "--prompt", "x")
     assert f"has {VOCAB} tokens but the model's vocab_size is {VOCAB + 64}" in err
+
+
+def test_argument_errors_come_before_torch_is_imported(tmp_path):
+    code = (
+        "import sys\n"
+        "from recurrent_model.cli import main\n"
+        "rc = main(['--checkpoint', sys.argv[1], '--prompt', 'x', '--threshold', '0.1'])\n"
+        "print(rc, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.split() == ["2", "False"], proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--threshold only applies with an adaptive exit" in (
+        proc.stderr
+    )
+
+
+def test_cli_names_match_the_library():
+    from recurrent_model import cli
+    from recurrent_model.diffusion import FREEZE_STRATEGIES
+    from recurrent_model.sampling import EXIT_CRITERIA
+
+    assert cli.EXIT_CRITERIA == EXIT_CRITERIA and cli.FREEZE_STRATEGIES == FREEZE_STRATEGIES
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--threshold", "0.1"], "--threshold only applies with an adaptive exit: add --exit"),
+        (["--min-steps", "2", "--threshold", "1"], "--threshold and --min-steps only apply"),
+        (["--lookahead", "3"], "--lookahead only applies with --draft-steps"),
+        (["--exit", "kl", "--num-steps", "3", "--min-steps", "5"], "--min-steps 5 exceeds"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+        (["--top-p", "7", "--sample"], "--top-p"),
+    ],
+)
+def test_errors_name_the_flags_typed(checkpoint, capsys, flags, message):
+    err = one_line_error(capsys, "--checkpoint", str(checkpoint), "--prompt", "x", *flags)
+    assert message in err, err
+    for name in ("exit_threshold", "min_steps", "max_steps", "top_p", "lookahead needs"):
+        assert name not in err, err
+
+
+def test_a_cut_max_new_tokens_says_so_in_one_line(checkpoint, capsys):
+    rc, text = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--num-steps", "1",
+                   "--max-new-tokens", "100000", "--init-scale", "0")  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0 and err.count("\n") == 1
+    assert re.match(r"note: --max-new-tokens 100000 is cut to \d+: the context holds 128", err)
+    rc, _ = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--num-steps", "1",
+                "--init-scale", "0")  # fmt: skip
+    assert rc == 0 and capsys.readouterr().err == ""  # the default is cut without a word
+
+
+def test_long_work_prints_its_estimate_then_progress(checkpoint, capsys, monkeypatch):
+    import time
+
+    from recurrent_model import cli_progress
+
+    monkeypatch.setattr(cli_progress, "PROGRESS_EVERY_S", 0.2)
+    monkeypatch.setattr(cli_progress, "MIN_FLOPS", 0.0)
+    monkeypatch.setattr(cli_progress, "LONG_S", 0.0)
+
+    def generate(self, prompt, max_new, **kwargs):  # a slow decoder: one token, then a wait
+        kwargs["streamer"](torch.tensor([5]), torch.tensor([3]))
+        time.sleep(1.6)
+        raise ValueError("top_p must lie in (0, 1]")
+
+    monkeypatch.setattr(rm.RecurrentLM, "generate", generate)
+    rc, _ = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--max-new-tokens", "4")
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert re.search(r"^estimate: ≈ \d+ s for 4 tokens × \d+ iterations \(.* GFLOP/s\)$", err,
+                     re.M), err  # fmt: skip
+    assert re.search(r"^\[\d+ s of ≈ \d+ s\] 1/4 tokens, about \d+ s left$", err, re.M), err
+    assert err.endswith("error: --top-p must lie in (0, 1]\n")
