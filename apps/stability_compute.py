@@ -7,6 +7,8 @@ reports progress.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,8 @@ from .inputs import RunSettings
 JVP_PASSES = 2.0
 #: Core passes a fixed-point search may spend, and the JVPs Arnoldi takes per requested eigenvalue.
 FIXED_POINT_PASSES, ARNOLDI_JVPS_PER_K = 200, 25
+#: Seconds between two moves of the stability bar (each one a point where Stop acts).
+BAR_INTERVAL = 0.25
 
 
 def stability_passes(num_steps: int, k: int) -> int:
@@ -61,6 +65,41 @@ class TokenStability:
     residual: float
 
 
+class StabilityBar:
+    """The stability action's progress bar, moved (a Streamlit call, so Stop ends the action
+    there) at most every ``min_interval`` seconds by every pass of each phase: the fixed-point
+    search, Arnoldi's JVPs, the Lyapunov steps and the attribution's Benettin run."""
+
+    # Each phase's share of the bar: (start, end).
+    PHASES = {
+        "fixed point": (0.0, 0.15),
+        "eigenvalues": (0.15, 0.2),
+        "Lyapunov exponents": (0.2, 0.8),
+        "attribution": (0.8, 1.0),
+    }
+
+    def __init__(self, bar, k: int, min_interval: float | None = None) -> None:
+        self.bar = bar
+        self.min_interval = BAR_INTERVAL if min_interval is None else min_interval
+        self.expected = {"fixed point": FIXED_POINT_PASSES, "eigenvalues": ARNOLDI_JVPS_PER_K * k}
+        self._last = 0.0
+
+    def __call__(self, phase: str, done: int, total: int | None = None) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.min_interval:
+            return
+        self._last = now
+        start, end = self.PHASES[phase]
+        total = total or self.expected[phase]
+        share = start + (end - start) * min(done / max(total, 1), 1.0)
+        of = f" of {total}" if phase not in self.expected else ""
+        self.bar.progress(share, text=f"Stability: {phase}, pass {done}{of}")
+
+    def steps(self, phase: str) -> Callable[[int, int], None]:
+        """An ``on_step(done, total)`` for ``phase``."""
+        return lambda done, total: self(phase, done, total)
+
+
 @cached_analysis(keyed=("traj",), max_entries=8)
 def token_stability(
     _model, traj, run: RunSettings, position: int, k: int, guess: str
@@ -72,23 +111,20 @@ def token_stability(
     raw = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0])).to(_model.dtype)
     ids = list(run.token_ids)
     steps = raw.shape[0] - 1
-
-    def on_step(done: int, total: int) -> None:
-        bar.progress(0.2 + 0.6 * done / total, text=f"Lyapunov exponents: step {done} of {total}")
-
+    moved = StabilityBar(bar, k)
     with threads_for(_model):
         spectrum = workbench.fixed_point_spectrum(
             _model, ids, position=position, k=k, num_steps=steps, init_scale=run.init_scale,
-            seed=run.seeds[0], max_iter=FIXED_POINT_PASSES,
+            seed=run.seeds[0], max_iter=FIXED_POINT_PASSES, on_pass=moved,
         )  # fmt: skip
-        bar.progress(0.2, text="Lyapunov exponents …")
         lyap = lyapunov_run(
-            _model, ids, steps, position=position, k=k, state=raw[0], on_step=on_step
-        )
-        bar.progress(0.8, text="Attribution by sub-layer …")
+            _model, ids, steps, position=position, k=k, state=raw[0],
+            on_step=moved.steps("Lyapunov exponents"),
+        )  # fmt: skip
         attribution = stretch_attribution(
-            _model, ids, position=position, num_steps=steps, state=raw[0]
-        )
+            _model, ids, position=position, num_steps=steps, state=raw[0],
+            on_step=moved.steps("attribution"),
+        )  # fmt: skip
     point = torch.from_numpy(spectrum.attrs["state"]).to(raw.dtype)
     distances = ((raw[:, position] - point).norm(dim=-1) / point.norm()).double().numpy()
     exponents = spectrum_frame(lyap)

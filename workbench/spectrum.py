@@ -100,6 +100,20 @@ def eigenvalue_frame(values: np.ndarray) -> pd.DataFrame:
     )
 
 
+def reporting(f: StateFn, phase: str, on_pass: Callable[[str, int], None] | None) -> StateFn:
+    """``f`` calling ``on_pass(phase, passes so far)`` before each pass (``f`` itself without)."""
+    if on_pass is None:
+        return f
+    count = [0]
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        on_pass(phase, count[0])
+        return f(x)
+
+    return counted
+
+
 def fixed_point_spectrum(
     model: rm.RecurrentLM | Callable[[torch.Tensor], torch.Tensor],
     input_ids: torch.Tensor | Sequence[int] | None = None,
@@ -113,6 +127,7 @@ def fixed_point_spectrum(
     max_iter: int = 500,
     singular_values: bool = False,
     seed: int = 0,
+    on_pass: Callable[[str, int], None] | None = None,
 ) -> pd.DataFrame:
     """The k largest-modulus eigenvalues of ∂F_t/∂s_t at ``state`` (default: the token's fixed point).
 
@@ -124,6 +139,8 @@ def fixed_point_spectrum(
     ``singular_value`` (the k largest, descending, in their own order). ``attrs`` hold the point's
     ``residual`` and, when it was searched for, ``converged`` (a spectrum at a point that is not a
     fixed point describes the map there, not a fixed point's stability). One prompt row at a time.
+    ``on_pass(phase, passes)`` is called before every pass of the map (phase "fixed point", then
+    "eigenvalues" for Arnoldi's JVPs): an exception it raises ends the computation there (Stop).
     """
     rows, _ = problems(model, input_ids, state, num_steps, init_scale, seed)
     if len(rows) != 1:
@@ -133,14 +150,15 @@ def fixed_point_spectrum(
     check_k(k, p.map.shape[1])
     attrs: dict[str, object] = {}
     context = p.context
-    f = p.map.block(position, context)
+    block = p.map.block(position, context)
     point = context[position]
     if state is None:
-        found = solve(f, point, "anderson", tol, max_iter)
+        found = solve(reporting(block, "fixed point", on_pass), point, "anderson", tol, max_iter)
         point = found.state
         attrs.update(converged=found.converged, iterations=found.passes)
     with torch.no_grad():
-        attrs["residual"] = float((f(point) - point).norm() / point.norm().clamp_min(1.0))
+        attrs["residual"] = float((block(point) - point).norm() / point.norm().clamp_min(1.0))
+    f = reporting(block, "eigenvalues", on_pass)
     frame = eigenvalue_frame(leading_eigenvalues(f, point, k, seed))
     if singular_values:
         frame["singular_value"] = leading_singular_values(f, point, k, seed)

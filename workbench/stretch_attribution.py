@@ -16,7 +16,7 @@ absolute total is λ_1's stretch in that step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,6 +82,7 @@ def stretch_attribution(
     seed: int = 0,
     state: torch.Tensor | None = None,
     direction: torch.Tensor | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """One iteration's log-stretch of the leading direction split over adapter, attention and MLPs.
 
@@ -93,6 +94,7 @@ def stretch_attribution(
     ``cumulative`` (the absolute view), ``log_scale`` (log ‖y‖/‖x‖ of the state through the piece).
     ``attrs["total"]`` is the whole iteration's absolute log-stretch, ``attrs["total_relative"]``
     the relative one (they differ by log ‖F(s)‖/‖s‖).
+    ``on_step(step, steps)`` follows the Benettin run (see lyapunov_run).
     """
     if not isinstance(model, rm.RecurrentLM):
         raise TypeError(f"stretch_attribution needs a RecurrentLM, got {type(model).__name__}")
@@ -104,7 +106,9 @@ def stretch_attribution(
         p.map.check_position(position)
     steps = model.config.mean_recurrence if num_steps is None else int(num_steps)
     if direction is None:
-        run = benettin(p.map, p.start, max(steps, 1), 1, position, warmup=0, seed=seed)
+        run = benettin(
+            p.map, p.start, max(steps, 1), 1, position, warmup=0, seed=seed, on_step=on_step
+        )
         point, direction = run.final_state, run.direction
     else:
         point = p.start if state is not None else iterate(p.map, p.start, steps)[-1]
