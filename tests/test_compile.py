@@ -13,7 +13,7 @@ def test_importing_recurrent_model_loads_no_compiler():
     import subprocess
     import sys
 
-    code = "import sys, recurrent_model; print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))"
+    code = "import sys, recurrent_model; recurrent_model.RecurrentLM; recurrent_model.load_model; print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
