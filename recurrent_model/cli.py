@@ -12,7 +12,6 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 # torch and the model are imported only after the arguments are checked (see main): an argument
@@ -107,12 +106,11 @@ COUNTS = ("max_new_tokens", "num_steps", "min_steps", "draft_steps", "lookahead"
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse a combination that would leave a flag silently unused, a count below 1, a missing
-    checkpoint directory and an empty prompt; every message names the flags as typed."""
+    """Refuse a combination that would leave a flag silently unused, a count below 1 and an
+    empty prompt; every message names the flags as typed. (The checkpoint is load_model's to
+    check: a path that does not exist may be a hub id.)"""
     if not args.prompt.strip():
         raise UsageError("--prompt is empty: give some text to continue")
-    if not Path(args.checkpoint).exists():
-        raise UsageError(f"--checkpoint {args.checkpoint} does not exist")
     for dest in COUNTS:
         value = getattr(args, dest)
         if value is not None and value < 1:
