@@ -4,6 +4,9 @@ python -m recurrent_model --checkpoint DIR --prompt "..." [--chat] [--num-steps 
     [--exit kl --threshold 5e-4] [--draft-steps 4 --lookahead 8] [--cache-budget 16]
     [--continuous] [--sample --temperature 0.8 --top-p 0.9] [--max-new-tokens 128] [--compile]
     [--diffusion --inner-recurrence 4 --headway 1 --exit-t 0.03 --freeze-strategy latent-diff]
+
+Bad arguments are refused in one line naming the flags, before torch is imported. Long work
+prints its estimate and then a progress line every few seconds on stderr (cli_progress.py).
 """
 
 from __future__ import annotations
