@@ -246,12 +246,13 @@ def test_errors_name_the_flags_typed(checkpoint, capsys, flags, message):
 
 
 def test_a_cut_max_new_tokens_says_so_in_one_line(checkpoint, capsys):
-    rc, text = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--num-steps", "1",
+    long = "the cat sat on the mat " * 20  # leaves a few tokens of the 128-token context
+    rc, text = run("--checkpoint", str(checkpoint), "--prompt", long, "--num-steps", "1",
                    "--max-new-tokens", "100000", "--init-scale", "0")  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 0 and err.count("\n") == 1
     assert re.match(r"note: --max-new-tokens 100000 is cut to \d+: the context holds 128", err)
-    rc, _ = run("--checkpoint", str(checkpoint), "--prompt", "the cat", "--num-steps", "1",
+    rc, _ = run("--checkpoint", str(checkpoint), "--prompt", long, "--num-steps", "1",
                 "--init-scale", "0")  # fmt: skip
     assert rc == 0 and capsys.readouterr().err == ""  # the default is cut without a word
 
