@@ -211,6 +211,15 @@ def ablation(
     return result
 
 
+def patches_to_run(
+    clean: tuple[int, ...], corrupted: tuple[int, ...], num_steps: int, positions: str
+) -> int:
+    """Patches a grid runs: positions before the first corrupted token and s_0 are the same in
+    both runs, so `workbench.patch_states` skips them; one position set per step for "all"."""
+    first = next((i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b), len(clean))
+    return num_steps * (max(len(clean) - first, 1) if positions == "each" else 1)
+
+
 def patching_plan(
     model, tokens: int, num_steps: int, patches: int
 ) -> tuple[cost.CostEstimate, int]:

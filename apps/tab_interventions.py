@@ -97,9 +97,13 @@ def patching_panel(ctx: Context) -> None:
     clean, corrupted, target, corrupted_target = _patch_inputs(ctx, source, position, replacement)
     scale, seed = _init(ctx)
     steps = ctx.run.num_steps
-    patches = (len(clean) if positions == "each" else 1) * (steps + 1)
+    cells = (len(clean) if positions == "each" else 1) * (steps + 1)
+    patches = compute.patches_to_run(clean, corrupted, steps, positions)
     guess, batch_size = compute.patching_plan(ctx.model, len(clean), steps, patches)
-    what = f"Patching: {patches} patches × up to {steps} steps, {batch_size} per batch"
+    what = (
+        f"Patching: {patches} patches × up to {steps} steps, {batch_size} per batch (of "
+        f"{cells} cells; those before the corrupted token and at s_0 cannot change)"
+    )
     if not estimate_gate(what, guess, "patch_go", (ctx.key, request)):
         return
     progress = compute.TaskProgress(f"Patching {patches} patches", "patches", guess)

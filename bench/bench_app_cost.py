@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -113,7 +114,7 @@ def generation(b: Bench, new: int) -> None:
 
 def patching(b: Bench) -> None:
     pair, steps = patching_pair(b.model), b.run.num_steps
-    patches = len(pair.clean_ids) * (steps + 1)
+    patches = intervention_compute.patches_to_run(pair.clean_ids, pair.corrupted_ids, steps, "each")
     guess, batch = intervention_compute.patching_plan(b.model, len(pair.clean_ids), steps, patches)
     b.time(f"patching ({patches} patches)", guess, lambda: intervention_compute.patching(
         b.model, pair.clean_ids, pair.corrupted_ids, steps, "core.hook_state", "each",
@@ -225,6 +226,7 @@ def main() -> None:
             logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     skip = set(filter(None, args.skip.split(",")))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary checkpoint goes
     if args.huginn:
         with tempfile.TemporaryDirectory(prefix="huginn-random-") as tmp:
             start = time.perf_counter()

@@ -367,3 +367,19 @@ def test_path_independence_tab_shows_aligned_umap_across_seeds(monkeypatch):
     assert len(fig.data) == 4 and list(fig.data[2].x) == [1.0] * 7
     with pytest.raises(ValueError, match="names"):
         figures.aligned_embeddings_figure([np.zeros((7, 2))], ["a", "b"])
+
+
+def test_patching_is_estimated_on_the_cells_it_runs():
+    import workbench
+    from apps.intervention_compute import patches_to_run
+    from recurrent_model import RecurrentLM, preset
+
+    model = RecurrentLM(preset("tiny")).eval()
+    clean, corrupted, steps = (5, 6, 7, 8, 9), (5, 6, 11, 8, 9), 4
+    for positions in ("each", "all"):
+        totals = []
+        workbench.patch_states(
+            model, list(clean), list(corrupted), steps, positions=positions, target=3,
+            progress=lambda done, total, seen=totals: seen.append(total),
+        )  # fmt: skip
+        assert totals[-1] == patches_to_run(clean, corrupted, steps, positions), positions
