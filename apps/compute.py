@@ -222,23 +222,46 @@ def estimate(model, tokens: int, num_steps: int, runs: int) -> cost.CostEstimate
     )
 
 
+def prompt_then_steps(
+    model, action: str, prompt: tuple[float, int, int], steps: tuple[float, int, int]
+) -> cost.CostEstimate:
+    """One estimate of a prefill and the steps after it, each (FLOPs, rows, block calls) at the
+    F.linear speed of its own rows (the prompt's tokens, then the few positions of each step),
+    calibrated as one ``action``."""
+    parts = [estimate_flops(model, flops, rows, calls) for flops, rows, calls in (prompt, steps)]
+    both = cost.combine(parts)
+    ratio = cost.CALIBRATION.ratio(model, action)
+    recorder = cost.CALIBRATION.recorder(model, action, both.seconds)
+    return replace(both, seconds=ratio * both.seconds, calibration=ratio, on_done=recorder)
+
+
 def generation_estimate(model, tokens: int, new_tokens: int, num_steps: int) -> cost.CostEstimate:
     """The estimated time of generating ``new_tokens`` after a ``tokens``-token prompt at
     ``num_steps`` iterations (no early exit): the prompt at the speed of F.linear over its
     tokens, each new token at that of one row."""
     config = model.config
-    prompt_flops = cost.forward_flops(config, tokens, num_steps)
-    prompt = estimate_flops(model, prompt_flops, tokens, cost.forward_calls(config, num_steps))
-    decode = estimate_flops(
-        model,
-        cost.generation_flops(config, tokens, new_tokens, num_steps) - prompt_flops,
-        rows=1,
-        calls=cost.forward_calls(config, num_steps, new_tokens),
+    prompt = cost.forward_flops(config, tokens, num_steps)
+    decode = cost.generation_flops(config, tokens, new_tokens, num_steps) - prompt
+    return prompt_then_steps(
+        model, "generation", (prompt, tokens, cost.forward_calls(config, num_steps)),
+        (decode, 1, cost.forward_calls(config, num_steps, new_tokens)),
+    )  # fmt: skip
+
+
+def diffusion_estimate(
+    model, tokens: int, new: int, num_steps: int, inner: int, headway: int
+) -> cost.CostEstimate:
+    """The estimated time of one diffusion sampling (see cost.diffusion_flops): the prefill at
+    the speed of F.linear over the prompt, the sampler's passes at that over the wave."""
+    config = model.config
+    prefill = cost.forward_flops(config, tokens, num_steps)
+    passes = cost.diffusion_flops(config, tokens, new, num_steps, inner, headway) - prefill
+    prefill_calls = cost.forward_calls(config, num_steps)
+    calls = cost.diffusion_calls(config, new, num_steps, inner, headway) - prefill_calls
+    wave = cost.diffusion_wave(new, num_steps, inner, headway)
+    return prompt_then_steps(
+        model, "diffusion", (prefill, tokens, prefill_calls), (passes, wave, calls)
     )
-    ratio = cost.CALIBRATION.ratio(model, "generation")
-    both = cost.combine([prompt, decode])
-    recorder = cost.CALIBRATION.recorder(model, "generation", both.seconds)
-    return replace(both, seconds=ratio * both.seconds, calibration=ratio, on_done=recorder)
 
 
 @cached_analysis(keyed=("model",), max_entries=16, show_spinner="Measuring this device's speed …")

@@ -14,13 +14,10 @@ from .ui import Context, chart, download, estimate_gate
 
 
 def wavefront_estimate(ctx: Context, new: int, inner: int, headway: int) -> cost.CostEstimate:
-    """The estimated time of one diffusion sampling (see cost.diffusion_flops), probed at the
-    speed of a matmul over the wave's positions."""
+    """The estimated time of one diffusion sampling at the sidebar's steps
+    (compute.diffusion_estimate)."""
     steps, tokens = ctx.run.num_steps, len(ctx.run.token_ids)
-    flops = cost.diffusion_flops(ctx.model.config, tokens, new, steps, inner, headway)
-    wave = cost.diffusion_wave(new, steps, inner, headway)
-    calls = cost.diffusion_calls(ctx.model.config, new, steps, inner, headway)
-    return compute.estimate_flops(ctx.model, flops, rows=wave, calls=calls, action="diffusion")
+    return compute.diffusion_estimate(ctx.model, tokens, new, steps, inner, headway)
 
 
 def render(ctx: Context) -> None:
