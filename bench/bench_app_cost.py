@@ -148,8 +148,10 @@ def stability(b: Bench, traj, k: int, position: int) -> None:
 def diffusion(b: Bench, traj, new: int) -> None:
     ctx, steps = b.context(traj), b.run.num_steps
     guess = tab_wavefront.wavefront_estimate(ctx, new, 4, 1)
-    b.time(f"diffusion sampling ({new} tokens)", guess, lambda: compute.diffusion_run(
+    out = b.time(f"diffusion sampling ({new} tokens)", guess, lambda: compute.diffusion_run(
         b.model, b.run.token_ids, new, steps, 4, 1, 0.03, "latent-diff", 0.0))  # fmt: skip
+    passes = cost.diffusion_passes(new, steps, 4, 1)
+    print(f"    sampler steps {out['summary']['diffusion_steps']}, estimated {passes}")
 
 
 def series(b: Bench, traj) -> None:
