@@ -11,7 +11,6 @@ hash of their path (tests excluded), each encoded with a leading BOS as the pack
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,25 +21,7 @@ import torch
 from depth_grid import depth_grid  # eval/ (the script's own directory)
 
 import recurrent_model as rm
-
-EXCLUDED_PARTS = {"tests", "testing", "_vendored", "f2py", "__pycache__"}
-
-
-def numpy_sources(max_files: int, seed: int = 0) -> list[tuple[str, str]]:
-    """Up to ``max_files`` (relative path, text) of numpy's non-test modules, in seeded hash order."""
-    root = Path(np.__file__).parent
-    files = [
-        p
-        for p in root.rglob("*.py")
-        if not EXCLUDED_PARTS & set(p.relative_to(root).parts) and p.stat().st_size > 2_000
-    ]
-    if not files:
-        raise FileNotFoundError(f"no numpy sources found under {root}")
-    files.sort(key=lambda p: hashlib.sha256(f"{seed}:{p.relative_to(root)}".encode()).hexdigest())
-    return [
-        (f"numpy/{p.relative_to(root).as_posix()}", p.read_text(encoding="utf-8", errors="replace"))
-        for p in files[:max_files]
-    ]
+from workbench.corpus.heldout import numpy_sources
 
 
 def code_rows(
