@@ -260,19 +260,34 @@ def _do_unit(model, unit: Unit, settings: Settings, batch_tokens: int, out: Path
 
 
 class _Progress:
-    """One bar on rank 0 over all ranks' tokens × seeds, from the ranks' progress files."""
+    """One bar on rank 0 over all ranks' tokens × seeds. Under several ranks each writes its count
+    to a progress file (at most every ``every`` seconds, and once at the end), which rank 0 reads;
+    one process counts in memory and writes nothing."""
+
+    every = 1.0
 
     def __init__(self, out: Path, ctx, total: int, show: bool) -> None:
         self.path = out / "progress" / f"rank-{ctx.rank}.json"
         self.ctx, self.done, self.total = ctx, 0, total
+        self.written = self.shown = 0.0
         self.bar = tqdm(total=total, desc="corpus", unit="tok", disable=not show, smoothing=0.1)
 
     def tick(self, tokens: int) -> None:
         self.done += tokens
-        atomic_write_text(self.path, json.dumps({"done": self.done, "time": time.time()}))
-        self._show()
+        now = time.monotonic()
+        if self.ctx.distributed and now - self.written >= self.every:
+            self._write()
+        if now - self.shown >= self.every / 2:
+            self._show()
 
-    def _others(self) -> int:
+    def _write(self) -> None:
+        atomic_write_text(self.path, json.dumps({"done": self.done, "time": time.time()}))
+        self.written = time.monotonic()
+
+    def _count(self) -> int:
+        """Token runs done by every rank so far."""
+        if not self.ctx.distributed:
+            return self.done
         total = 0
         for path in self.path.parent.glob("rank-*.json"):
             try:
@@ -282,14 +297,16 @@ class _Progress:
         return total
 
     def _show(self) -> None:
+        self.shown = time.monotonic()
         if not self.bar.disable:
-            self.bar.n = min(self.total, self._others())
+            self.bar.n = min(self.total, self._count())
             self.bar.refresh()
 
     def finish(self) -> None:
-        """Rank 0 keeps the bar moving until every rank's tokens are in."""
-        if self.ctx.is_main and self.ctx.distributed:
-            while self._others() < self.total:
+        """Every rank writes its final count; rank 0 keeps the bar moving until all are in."""
+        if self.ctx.distributed:
+            self._write()
+            while self.ctx.is_main and self._count() < self.total:
                 self._show()
                 time.sleep(0.5)
         self._show()
