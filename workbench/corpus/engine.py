@@ -14,7 +14,6 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from .analyses import (
     stability_columns,
 )
 from .sources import CorpusError, read_prompts
-from .units import Run, Tokenized, Unit, batches, make_units, tokenize
+from .units import Run, Unit, batches, make_units, tokenize
 
 VERSION = 1  # the rows' layout; part of the identity
 
@@ -336,4 +335,4 @@ def _dtype(name: str | None, device: torch.device) -> torch.dtype | None:
     return table[name]
 
 
-__all__: Sequence[str] = ["Job", "run", "run_in_process", "rank_context", "Tokenized"]
+__all__ = ["Job", "run", "run_in_process", "rank_context"]
