@@ -33,7 +33,7 @@ from .core_map import CoreMap, as_batch
 from .dynamics import classify_dynamics
 from .fixed_point import solve
 from .lyapunov import benettin
-from .spectrum import leading_eigenvalues
+from .spectrum import ArnoldiNoConvergence, leading_eigenvalues
 
 #: |λ − 1| below this makes an eigenvalue "near +1" (a slider's).
 SLIDER_TOL = 0.05
@@ -99,7 +99,13 @@ def explain_token(
             (found.state - context[position]).norm() / context[position].norm()
         ),
     }
-    out["eigenvalues"] = leading_eigenvalues(block, found.state, k) if found.converged else None
+    out["eigenvalues"] = None
+    if found.converged:
+        try:
+            out["eigenvalues"] = leading_eigenvalues(block, found.state, k)
+        except ArnoldiNoConvergence as partial:
+            out["eigenvalues"] = partial.converged if len(partial.converged) else None
+            out["arnoldi_note"] = str(partial)
     return out
 
 
@@ -121,7 +127,8 @@ def explain_dynamics(
     Columns ``position``, ``token``, ``kind``, ``flip``, ``measured_period``, ``fixed_point_found``,
     ``residual``, ``fixed_point_passes``, ``distance_from_final`` (‖s* − s_r‖/‖s_r‖), ``stable``
     (NaN without a fixed point), ``spectral_radius``, ``mechanism`` (flip, rotation, slider, unstable,
-    stable, driven: stable itself but after an unstable token, or "no fixed point"), ``eig_real``, ``eig_imag``, ``eig_modulus``, ``eig_angle``,
+    stable, driven: stable itself but after an unstable token, "no fixed point", or "no spectrum" when
+    Arnoldi spent its JVP budget), ``eig_real``, ``eig_imag``, ``eig_modulus``, ``eig_angle``,
     ``predicted_period`` (2π/|angle| for a complex eigenvalue), ``note``, a sentence, and for source
     tokens (flip, rotation, slider, unstable) ``lambda_1``, ``lambda_1_stderr`` and ``neutral`` (the
     block's λ_1 over the same s_0 … s_num_steps, the last half averaged; NaN for the others).
@@ -219,6 +226,8 @@ def _row(
         row.update(stable=np.nan, spectral_radius=np.nan, mechanism="no fixed point", eig_real=np.nan,
                    eig_imag=np.nan, eig_modulus=np.nan, eig_angle=np.nan, predicted_period=np.nan)  # fmt: skip
         row["note"] = _note(False, expected, "", measured, np.nan)
+        if "arnoldi_note" in info:
+            row.update(mechanism="no spectrum", note=str(info["arnoldi_note"]))
         return row
     value, mechanism = responsible_eigenvalue(np.asarray(values), expected)
     angle = float(np.angle(value))
@@ -227,4 +236,6 @@ def _row(
                mechanism=mechanism, eig_real=value.real, eig_imag=value.imag, eig_modulus=abs(value),
                eig_angle=angle, predicted_period=predicted)  # fmt: skip
     row["note"] = _note(True, expected, mechanism, measured, predicted)
+    if "arnoldi_note" in info:
+        row["note"] += f" ({info['arnoldi_note']})"
     return row

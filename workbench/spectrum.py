@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from scipy.sparse.linalg import LinearOperator, eigs, svds
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigs, svds
 from torch.func import jvp, vjp, vmap
 
 import recurrent_model as rm
@@ -52,18 +52,62 @@ def dense_jacobian(f: StateFn, x: torch.Tensor) -> np.ndarray:
     return columns.double().numpy().T
 
 
+#: Arnoldi's restarts before it gives up (each restart costs ncv − k JVPs; see :func:`arnoldi_jvps`).
+ARNOLDI_RESTARTS = 10
+
+
+class ArnoldiNoConvergence(RuntimeError):
+    """Arnoldi spent its JVP budget before all k eigenvalues met the tolerance.
+
+    ``converged`` holds the eigenvalues that did (largest modulus first, possibly none)."""
+
+    def __init__(self, message: str, converged: np.ndarray) -> None:
+        super().__init__(message)
+        self.converged = converged
+
+
+def arnoldi_tolerance(dtype: torch.dtype) -> float:
+    """ARPACK's relative tolerance for a map evaluated in ``dtype``: 1e-6, or the dtype's rounding
+    unit where that is coarser (a bfloat16 JVP cannot resolve an eigenvalue below its own eps)."""
+    return max(1e-6, float(torch.finfo(dtype).eps))
+
+
+def arnoldi_jvps(k: int, n: int) -> tuple[int, int]:
+    """(ncv, budget): the Krylov basis size ARPACK uses for k of n eigenvalues, and the most JVPs
+    :func:`leading_eigenvalues` spends: one for the start vector, ncv for the first basis, and
+    ``ARNOLDI_RESTARTS`` restarts of ncv − k each."""
+    ncv = min(n, max(2 * k + 1, 20))
+    return ncv, 1 + ncv + ARNOLDI_RESTARTS * max(ncv - k, 1)
+
+
 def leading_eigenvalues(f: StateFn, x: torch.Tensor, k: int, seed: int = 0) -> np.ndarray:
-    """The k largest-modulus eigenvalues of ∂f/∂x at x, sorted by modulus (descending)."""
+    """The k largest-modulus eigenvalues of ∂f/∂x at x, sorted by modulus (descending).
+
+    Arnoldi stops at the tolerance of x's dtype (:func:`arnoldi_tolerance`) or at its JVP budget
+    (:func:`arnoldi_jvps`); at the budget it raises :class:`ArnoldiNoConvergence` carrying the
+    eigenvalues that did converge, never a silent partial answer."""
     n = x.numel()
     check_k(k, n)
     if k >= n - 1:
-        values = np.linalg.eigvals(dense_jacobian(f, x))
-    else:
-        v0 = np.random.default_rng(seed).standard_normal(n)
-        operator = jacobian_operator(f, x, adjoint=False)
-        values = eigs(
-            operator, k=k, which="LM", v0=v0, tol=1e-6, maxiter=50 * n, return_eigenvectors=False
-        )
+        return _by_modulus(np.linalg.eigvals(dense_jacobian(f, x)), k)
+    v0 = np.random.default_rng(seed).standard_normal(n)
+    operator = jacobian_operator(f, x, adjoint=False)
+    tol, (ncv, budget) = arnoldi_tolerance(x.dtype), arnoldi_jvps(k, n)
+    try:
+        values = eigs(operator, k=k, which="LM", v0=v0, ncv=ncv, tol=tol,
+                      maxiter=ARNOLDI_RESTARTS, return_eigenvectors=False)  # fmt: skip
+    except ArpackNoConvergence as stop:
+        converged = _by_modulus(np.asarray(stop.eigenvalues), k)
+        raise ArnoldiNoConvergence(
+            f"Arnoldi reached {len(converged)} of {k} eigenvalues to tolerance {tol:.0e} "
+            f"({x.dtype}) within its budget of {budget} JVPs (the spectrum is clustered or the "
+            "map is not smooth at this point)",
+            converged,
+        ) from None
+    return _by_modulus(values, k)
+
+
+def _by_modulus(values: np.ndarray, k: int) -> np.ndarray:
     return values[np.argsort(-np.abs(values), kind="stable")][:k]
 
 
@@ -138,7 +182,9 @@ def fixed_point_spectrum(
     Columns ``index``, ``real``, ``imag``, ``modulus``, ``angle``; with ``singular_values`` also
     ``singular_value`` (the k largest, descending, in their own order). ``attrs`` hold the point's
     ``residual`` and, when it was searched for, ``converged`` (a spectrum at a point that is not a
-    fixed point describes the map there, not a fixed point's stability). One prompt row at a time.
+    fixed point describes the map there, not a fixed point's stability), ``arnoldi_tol`` and
+    ``eigenvalues_converged``: fewer than k rows when Arnoldi spent its JVP budget, with the reason in
+    ``arnoldi_note``. One prompt row at a time.
     ``on_pass(phase, passes)`` is called before every pass of the map (phase "fixed point", then
     "eigenvalues" for Arnoldi's JVPs): an exception it raises ends the computation there (Stop).
     """
@@ -159,9 +205,15 @@ def fixed_point_spectrum(
     with torch.no_grad():
         attrs["residual"] = float((block(point) - point).norm() / point.norm().clamp_min(1.0))
     f = reporting(block, "eigenvalues", on_pass)
-    frame = eigenvalue_frame(leading_eigenvalues(f, point, k, seed))
+    attrs.update(arnoldi_tol=arnoldi_tolerance(point.dtype), eigenvalues_converged=k)
+    try:
+        values = leading_eigenvalues(f, point, k, seed)
+    except ArnoldiNoConvergence as partial:
+        values = partial.converged
+        attrs.update(eigenvalues_converged=len(values), arnoldi_note=str(partial))
+    frame = eigenvalue_frame(values)
     if singular_values:
-        frame["singular_value"] = leading_singular_values(f, point, k, seed)
+        frame["singular_value"] = leading_singular_values(f, point, k, seed)[: len(frame)]
     frame.attrs.update(attrs)
     frame.attrs["state"] = point.detach().double().numpy()
     return frame
