@@ -17,6 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
+from .criteria import freeze_strategies, names  # the criterion registry imports no torch
+
 # torch and the model are imported only after the arguments are checked (see main): an argument
 # error then costs no import time.
 if TYPE_CHECKING:
@@ -25,17 +27,6 @@ if TYPE_CHECKING:
     from .diffusion import DiffusionOutput
 
 DEFAULT_NEW_TOKENS = 128
-
-# The library's names (recurrent_model.sampling.EXIT_CRITERIA, diffusion.FREEZE_STRATEGIES),
-# spelled out so that the parser needs no torch; a test keeps them equal.
-EXIT_CRITERIA = ("kl", "minp-kl", "latent-diff", "entropy-diff", "cosine", "argmax-stability")
-FREEZE_STRATEGIES = (
-    "latent-diff",
-    "latent-acceleration-1",
-    "latent-acceleration-2",
-    "token-stability",
-    "fixed",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens to generate (default {DEFAULT_NEW_TOKENS}, or what the context leaves)",
     )
     p.add_argument("--num-steps", type=int, default=None, help="core iterations (default: r̄)")
-    p.add_argument("--exit", choices=EXIT_CRITERIA, default=None, help="adaptive-exit criterion")
+    p.add_argument("--exit", choices=names("generate"), help="adaptive-exit criterion")
     p.add_argument("--threshold", type=float, default=None, help="adaptive-exit threshold")
     p.add_argument("--min-steps", type=int, default=None)
     p.add_argument("--draft-steps", type=int, default=None, help="self-speculative draft depth")
@@ -84,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--inner-recurrence", type=int, help="core iterations per step")
     d.add_argument("--headway", type=int, help="new positions per sampler step")
     d.add_argument("--exit-t", type=float, help="latent-diff freezing threshold")
-    d.add_argument("--freeze-strategy", choices=FREEZE_STRATEGIES, help="when a position freezes")
+    d.add_argument("--freeze-strategy", choices=freeze_strategies(), help="when a position freezes")
     d.add_argument("--max-wavefront", type=int, help="most positions in the wave")
     return p
 
@@ -142,7 +133,7 @@ def check_decoder_flags(args: argparse.Namespace) -> None:
             raise UsageError(
                 f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} with an "
                 f"adaptive exit: add --exit "
-                f"({', '.join(EXIT_CRITERIA)}) or drop {' and '.join(given)}"
+                f"({', '.join(names('generate'))}) or drop {' and '.join(given)}"
             )
     if args.lookahead is not None and args.draft_steps is None:
         raise UsageError("--lookahead only applies with --draft-steps (speculative decoding)")

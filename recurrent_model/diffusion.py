@@ -14,7 +14,6 @@ published behaviour: placeholder tokens come from this model's vocabulary; ``seq
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -22,7 +21,7 @@ import torch
 
 from .cached_forward import ChunkRunner
 from .config import ContextLengthError
-from .criteria import check_judged, latent_diff, relative_norm
+from .criteria import CRITERIA, Criterion, Judge, Step, WaveView, freeze_strategies
 from .kv_cache import KVCache
 from .options import (
     Streamer,
@@ -46,13 +45,9 @@ __all__ = [
     "generate_diffusion",
 ]
 
-FREEZE_STRATEGIES = (
-    "latent-diff",
-    "latent-acceleration-1",
-    "latent-acceleration-2",
-    "token-stability",
-    "fixed",
-)
+#: The built-in freeze strategies: the criteria registered for "diffusion" (``criteria.CRITERIA``),
+#: then "fixed"; :class:`DiffusionConfig` accepts every criterion registered for "diffusion".
+FREEZE_STRATEGIES = freeze_strategies()
 # "latest-m4-compress-s4" keeps one iteration's worth of core entries per token (for the Huginn layout
 # with l_R = 4 this is exactly the published lookup); "full" keeps every iteration's entries.
 CACHE_LOOKUP_STRATEGIES = ("latest-m4-compress-s4", "full")
@@ -111,10 +106,10 @@ class DiffusionConfig:
 
     def resolved(self, model: RecurrentLM) -> DiffusionConfig:
         """This config checked, numbers as their types, stop tokens filled in."""
-        if self.freeze_strategy not in FREEZE_STRATEGIES:
+        if self.freeze_strategy not in freeze_strategies():
             raise ValueError(
                 f"unknown freeze_strategy {self.freeze_strategy!r}; choose from "
-                f"{', '.join(FREEZE_STRATEGIES)}"
+                f"{', '.join(freeze_strategies())}"
             )
         if self.cache_lookup_strategy not in CACHE_LOOKUP_STRATEGIES:
             raise ValueError(
@@ -212,51 +207,14 @@ class _Wave:
     current: torch.Tensor  # (1, L) frozen tokens, guesses and placeholders
     states: torch.Tensor  # (1, W, h) the wave's latent states
     previous: torch.Tensor  # last step's states
-    previous_delta: torch.Tensor  # last step's states − the step before's (latent-acceleration-1)
-    prev_previous: torch.Tensor  # the step before last's states (latent-acceleration-2)
     old_embeds: torch.Tensor | None  # last step's mixed embeddings (ema_embeds > 0)
     index: int = 0  # first position of this step's wave
     old_index: int = 0
-    old_old_index: int = 0
     k: int = 0  # frozen length found by the last freeze
     old_k: int = 0
     step: int = 0
     new_tokens: torch.Tensor | None = None  # this step's guesses from the last frozen position on
     headway_in_step: int = 0  # positions this step added that fit the wavefront
-
-
-def _latent_diff(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-    return latent_diff(match, prev)
-
-
-def _latent_acceleration_1(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-    delta = match - prev
-    m = min(delta.shape[1], wave.previous_delta.shape[1])
-    accel = delta[:, :m] - wave.previous_delta[:, :m]
-    wave.previous_delta = delta.clone()
-    return relative_norm(accel, match[:, :m])
-
-
-def _latent_acceleration_2(wave: _Wave, match: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-    """The acceleration over the positions present in all three steps."""
-    index, old, older = wave.index, wave.old_index, wave.old_old_index
-    lo = max(index, old, older)
-    hi = min(index + wave.states.shape[1], old + wave.previous.shape[1],
-             older + wave.prev_previous.shape[1])  # fmt: skip
-    now = wave.states[:, lo - index : hi - index]
-    before = wave.previous[:, lo - old : hi - old]
-    earlier = wave.prev_previous[:, lo - older : hi - older]
-    accel = (now - before) - (before - earlier)
-    return relative_norm(accel, now, eps=1e-6)
-
-
-#: The latent freeze strategies: per wave position a criterion (1, n) to compare with exit_t, from
-#: this step's states ``match`` and last step's states ``prev`` at the same positions.
-LATENT_CRITERIA: dict[str, Callable[[_Wave, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "latent-diff": _latent_diff,
-    "latent-acceleration-1": _latent_acceleration_1,
-    "latent-acceleration-2": _latent_acceleration_2,
-}
 
 
 class _Sampler:
@@ -278,7 +236,10 @@ class _Sampler:
         self.max_new = max_new_tokens
         self.stops = set(cfg.stop_tokens or ())
         self.streamer = streamer
-        self.latent = cfg.freeze_strategy in LATENT_CRITERIA
+        # The freeze criterion and its judge for this call (None: the "fixed" schedule).
+        self.criterion: Criterion | None = CRITERIA.get(cfg.freeze_strategy)
+        self.judge: Judge | None = self.criterion.start() if self.criterion else None
+        self.latent = self.criterion is not None and not self.criterion.needs_logits
         context = model.config.block_size
         # Positions written by a step lie below the sequence length, which the loop keeps <= context;
         # without freezing the wave grows by `headway` per step up to max_wavefront.
@@ -350,8 +311,7 @@ class _Sampler:
                     f"full_prefill=True or raise max_wavefront to at least {P}"
                 )
         old_embeds = self.embed_without_cache(frozen) if cfg.ema_embeds > 0 else None
-        zeros = torch.zeros_like(states)
-        return _Wave(frozen, frozen, states, states.clone(), zeros, zeros.clone(), old_embeds)
+        return _Wave(frozen, frozen, states, states.clone(), old_embeds)
 
     def generate(self) -> torch.Tensor:
         """Sampler steps until max_new_tokens are frozen, the context is full or a stop; the frozen
@@ -444,12 +404,11 @@ class _Sampler:
     def freeze(self, wave: _Wave) -> None:
         """Step 7: freeze a prefix by the configured strategy and forget the cache positions the
         next step rewrites."""
-        strategy = self.cfg.freeze_strategy
-        if strategy == "fixed":
+        if self.criterion is None:
             self._freeze_fixed(wave)
             return
         if self.latent:
-            frozen_to = self._latent_freeze(wave, LATENT_CRITERIA[strategy])
+            frozen_to = self._latent_freeze(wave)
         else:
             frozen_to = self._stable_freeze(wave)
         if frozen_to is None:
@@ -460,20 +419,29 @@ class _Sampler:
         wave.states = wave.states[:, frozen_to - wave.index - 1 :]
         wave.frozen = wave.current[:, :frozen_to]
 
-    def _latent_freeze(self, wave: _Wave, criterion: Callable) -> int | None:
-        """The frozen length up to the last wave position whose criterion is below exit_t."""
+    def _judged(self, wave: _Wave, now: torch.Tensor | None, before: torch.Tensor | None):
+        """The freeze criterion's value for this step (per wave position, or per sequence position
+        for a criterion of the guesses)."""
+        assert self.judge is not None
+        view = WaveView(wave.states, wave.previous, wave.index, wave.old_index, self.stability[0])
+        return self.judge(Step(now, before, None, view))
+
+    def _latent_freeze(self, wave: _Wave) -> int | None:
+        """The frozen length up to the last wave position whose criterion passes exit_t."""
+        assert self.criterion is not None
         prev = wave.previous[:, wave.index - wave.old_index :]
         n = min(prev.shape[1], wave.states.shape[1])
-        value = criterion(wave, wave.states[:, :n], prev[:, :n])
-        below = check_judged(value, self.cfg.freeze_strategy) < self.cfg.exit_t
-        exits = below[0].nonzero()
+        value = self._judged(wave, wave.states[:, :n], prev[:, :n])
+        exits = self.criterion.converged(value, self.cfg.exit_t)[0].nonzero()
         return wave.index + int(exits[-1, 0]) + 1 if exits.numel() else None
 
     def _stable_freeze(self, wave: _Wave) -> int | None:
-        """token-stability: the frozen length up to the last guess unchanged for
-        num_steps // inner_recurrence steps."""
-        cfg = self.cfg
-        stable = (self.stability[0] > cfg.num_steps // cfg.inner_recurrence).nonzero()
+        """A criterion of the guesses (token-stability): the frozen length up to the last position
+        it passes with the horizon num_steps // inner_recurrence."""
+        cfg, criterion = self.cfg, self.criterion
+        assert criterion is not None
+        value = self._judged(wave, None, None)
+        stable = criterion.converged(value, cfg.num_steps // cfg.inner_recurrence).nonzero()
         if not stable.numel():
             wave.k = 0
             return None
@@ -509,9 +477,6 @@ class _Sampler:
 
     def advance(self, wave: _Wave) -> None:
         """Keep this step's states and wave start for the next step's freezing."""
-        if self.cfg.freeze_strategy == "latent-acceleration-2":
-            wave.prev_previous = wave.previous.clone()
-            wave.old_old_index = wave.old_index
         if self.latent:
             wave.previous = wave.states.clone()
         wave.old_index = wave.index

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from .criteria import CRITERIA, check_judged, cosine_distance, latent_diff
+from .criteria import CRITERIA, Step, minp_log_probs, names
 
-#: The exit criteria of greedy generation, in the registry's order (``criteria.CRITERIA``).
-EXIT_CRITERIA = tuple(name for name, c in CRITERIA.items() if "generate" in c.used_by)
+__all__ = ["DEFAULT_THRESHOLDS", "EXIT_CRITERIA", "ExitCriterion", "Sampler", "minp_log_probs"]
+
+#: The built-in exit criteria of greedy generation, in the registry's order (``criteria.CRITERIA``);
+#: :class:`ExitCriterion` accepts every criterion registered for "generate".
+EXIT_CRITERIA = names("generate")
 DEFAULT_THRESHOLDS = {name: CRITERIA[name].default_threshold for name in EXIT_CRITERIA}
 
 
@@ -65,7 +67,8 @@ class Sampler:
 
 
 class ExitCriterion:
-    """Per-row convergence test after each core iteration; a row exits when its value < threshold.
+    """Per-row convergence test after each core iteration, computed by the registry's criterion
+    (``criteria.CRITERIA``); a row exits when the criterion passes its threshold.
 
     "kl": KL(p_i ‖ p_{i−1}) of successive next-token distributions (the first step against uniform);
     "entropy-diff": |H(p_i) − H(p_{i−1})|; "latent-diff": ‖s_i − s_{i−1}‖/‖s_i‖;
@@ -76,69 +79,26 @@ class ExitCriterion:
     """
 
     def __init__(self, name: str, threshold: float | None = None) -> None:
-        if name not in EXIT_CRITERIA:
-            raise ValueError(
-                f"unknown exit criterion {name!r}; choose from {', '.join(EXIT_CRITERIA)}"
-            )
+        offered = names("generate")
+        if name not in offered:
+            raise ValueError(f"unknown exit criterion {name!r}; choose from {', '.join(offered)}")
         self.name = name
-        self.threshold = float(DEFAULT_THRESHOLDS[name] if threshold is None else threshold)
+        self.criterion = CRITERIA[name]
+        default = self.criterion.default_threshold
+        self.threshold = float(default if threshold is None else threshold)
         if not self.threshold >= 0:
             raise ValueError(f"exit_threshold must be >= 0, got {threshold}")
-        self.needs_logits = CRITERIA[name].needs_logits
-        self._prev: torch.Tensor | None = None
-        self._count: torch.Tensor | None = None
+        self.needs_logits = self.criterion.needs_logits
+        self._judge = self.criterion.start()
 
     def reset(self) -> None:
         """Forget the previous step (call at the start of every token)."""
-        self._prev = None
-        self._count = None
+        self._judge = self.criterion.start()
 
     def __call__(self, state: torch.Tensor, prev_state: torch.Tensor, logits: torch.Tensor | None):
         """Boolean (B,): rows whose criterion says "converged" after this step.
 
         state, prev_state: (B, 1, h) raw states s_i, s_{i−1}; logits: (B, V) when ``needs_logits``.
         """
-        name = self.name
-        if name in ("latent-diff", "cosine"):
-            s, p = state[:, -1].float(), prev_state[:, -1].float()
-            value = latent_diff(s, p) if name == "latent-diff" else cosine_distance(s, p)
-            return check_judged(value, name) < self.threshold
-        assert logits is not None
-        if name == "argmax-stability":
-            top = logits.argmax(dim=-1)
-            if self._prev is None:
-                self._count = torch.zeros_like(top)
-            else:
-                same = top == self._prev
-                self._count = torch.where(same, self._count + 1, torch.zeros_like(self._count))
-            self._prev = top
-            return self._count >= self.threshold
-        if name == "minp-kl":
-            logq = minp_log_probs(logits)
-            prev = self._prev
-            if prev is None:
-                prev = torch.full_like(logq, -math.log(logq.shape[-1]))
-            self._prev = logq
-            return check_judged((prev.exp() * (prev - logq)).sum(dim=-1), name) < self.threshold
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        prev = self._prev
-        if prev is None:
-            prev = torch.full_like(logp, -math.log(logp.shape[-1]))
-        self._prev = logp
-        if name == "kl":
-            value = (logp.exp() * (logp - prev)).sum(dim=-1)
-        else:
-            value = (_entropy(logp) - _entropy(prev)).abs()
-        return check_judged(value, name) < self.threshold
-
-
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
-def minp_log_probs(logits: torch.Tensor, min_p: float = 0.1) -> torch.Tensor:
-    """log q: softmax probabilities under ``min_p`` · the row's largest set to 1/V, renormalised."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    floor = min_p * probs.amax(dim=-1, keepdim=True)
-    probs = torch.where(probs < floor, 1.0 / probs.shape[-1], probs)
-    return (probs / probs.sum(dim=-1, keepdim=True)).log()
+        step = Step(state[:, -1].float(), prev_state[:, -1].float(), logits)
+        return self.criterion.converged(self._judge(step), self.threshold)

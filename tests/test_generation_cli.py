@@ -224,7 +224,8 @@ def test_cli_names_match_the_library():
     from recurrent_model.diffusion import FREEZE_STRATEGIES
     from recurrent_model.sampling import EXIT_CRITERIA
 
-    assert cli.EXIT_CRITERIA == EXIT_CRITERIA and cli.FREEZE_STRATEGIES == FREEZE_STRATEGIES
+    choices = {a.dest: a.choices for a in cli.build_parser()._actions}
+    assert choices["exit"] == EXIT_CRITERIA and choices["freeze_strategy"] == FREEZE_STRATEGIES
 
 
 @pytest.mark.parametrize(
