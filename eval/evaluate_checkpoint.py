@@ -295,7 +295,7 @@ def markdown(losses, accuracy, spread, shares, probes, code=None, tasks=None, su
     )
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="checkpoints/default")
     parser.add_argument("--out", default="eval/results")
@@ -309,11 +309,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--task-problems", type=int, default=30, help="per kind/level (0: skip)")
     parser.add_argument("--task-kinds", nargs="+", default=list(DEFAULT_LEVELS))
     parser.add_argument("--task-max-level", type=int, default=16)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    return parser
 
-    checkpoint = Path(args.checkpoint)
+
+def load_with_validation_data(checkpoint: Path, data_cache: str):
+    """(model, its prepared corpus rebuilt from provenance.json, whether that corpus is the one the
+    checkpoint was trained on); a mismatch is printed as a warning."""
     model = rm.load_model(checkpoint)
     provenance_path = checkpoint / "provenance.json"
     if not provenance_path.is_file():
@@ -321,12 +322,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"{provenance_path} is missing: it names the data the checkpoint was trained on"
         )
     provenance = json.loads(provenance_path.read_text())
-    r_mean = model.config.mean_recurrence
-    depths = depth_grid(r_mean)
-
     data = {**provenance["config"]["data"], "tokenizer_path": str(checkpoint / "tokenizer.json")}
     data_config = DataSection(**data).data_config()
-    prepared = prepare_data(data_config, args.data_cache, progress=False)
+    prepared = prepare_data(data_config, data_cache, progress=False)
     trained_on = provenance.get("corpus_hash")
     same_corpus = trained_on is None or trained_on == prepared.corpus_hash
     if not same_corpus:
@@ -336,49 +334,75 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"({trained_on[:12]}): the corpus code changed since, so the validation rows may differ "
             "from the checkpoint's validation split (and overlap its training rows)."
         )
+    return model, prepared, same_corpus
+
+
+def measure(model, prepared, args: argparse.Namespace) -> dict:
+    """Every measurement of the evaluation, by name (None for a skipped one)."""
+    r_mean = model.config.mean_recurrence
+    depths = depth_grid(r_mean)
     loader = PackedLoader(prepared, "val", batch_size=8)
-    losses = validation_losses(model, loader, depths, args.val_batches)
-    accuracy = arithmetic_accuracy(model, depths, args.difficulties, args.problems)
-    spread, shares = trajectory_statistics(model, PROMPTS, 4 * r_mean, range(args.seeds))
-    probes = probe_accuracies(model, r_mean, args.problems)
+    m: dict = {"losses": validation_losses(model, loader, depths, args.val_batches)}
+    m["accuracy"] = arithmetic_accuracy(model, depths, args.difficulties, args.problems)
+    m["spread"], m["shares"] = trajectory_statistics(model, PROMPTS, 4 * r_mean, range(args.seeds))
+    m["probes"] = probe_accuracies(model, r_mean, args.problems)
     code = heldout_code_losses(model, depths, max_rows=args.code_rows) if args.code_rows else None
-    summary = code_summary(code, r_mean) if code is not None else None
+    m["code"] = code
+    m["summary"] = code_summary(code, r_mean) if code is not None else None
     levels = {
         kind: [lv for lv in DEFAULT_LEVELS[kind] if lv <= args.task_max_level]
         for kind in args.task_kinds
     }
-    tasks = (
+    m["tasks"] = (
         depth_task_accuracy(model, depths, levels, n=args.task_problems)
         if args.task_problems
         else None
     )
+    return m
 
-    out = Path(args.out)
+
+def records(frame: pd.DataFrame | None) -> list[dict] | None:
+    return None if frame is None else frame.to_dict("records")
+
+
+def write_results(out: Path, results: dict, m: dict, r_mean: int) -> None:
+    """results.json, results.md (also printed) and results.html in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    results = {
-        "checkpoint": str(checkpoint),
-        "mean_recurrence": r_mean,
-        "validation_corpus_matches_training": same_corpus,
-        "val_loss": losses.to_dict("records"),
-        "arithmetic": accuracy.to_dict("records"),
-        "path_independence": spread.to_dict("records"),
-        "dynamics_share": shares.to_dict("records"),
-        "probes": probes.to_dict("records"),
-        "heldout_code": None if code is None else code.to_dict("records"),
-        "heldout_code_summary": summary,
-        "depth_tasks": None if tasks is None else tasks.to_dict("records"),
-        "wall_s": time.perf_counter() - started,
-    }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = markdown(losses, accuracy, spread, shares, probes, code, tasks, summary)
+    table = markdown(m["losses"], m["accuracy"], m["spread"], m["shares"], m["probes"],
+                     m["code"], m["tasks"], m["summary"])  # fmt: skip
     (out / "results.md").write_text(table + "\n")
-    plot(losses, accuracy, r_mean, code, tasks).write_html(
+    plot(m["losses"], m["accuracy"], r_mean, m["code"], m["tasks"]).write_html(
         out / "results.html", include_plotlyjs="cdn"
     )
     print(table)
     print(
         f"\nwrote {out / 'results.json'}, results.md and results.html in {results['wall_s']:.0f} s"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    checkpoint = Path(args.checkpoint)
+    model, prepared, same_corpus = load_with_validation_data(checkpoint, args.data_cache)
+    m = measure(model, prepared, args)
+    results = {
+        "checkpoint": str(checkpoint),
+        "mean_recurrence": model.config.mean_recurrence,
+        "validation_corpus_matches_training": same_corpus,
+        "val_loss": records(m["losses"]),
+        "arithmetic": records(m["accuracy"]),
+        "path_independence": records(m["spread"]),
+        "dynamics_share": records(m["shares"]),
+        "probes": records(m["probes"]),
+        "heldout_code": records(m["code"]),
+        "heldout_code_summary": m["summary"],
+        "depth_tasks": records(m["tasks"]),
+        "wall_s": time.perf_counter() - started,
+    }
+    write_results(Path(args.out), results, m, model.config.mean_recurrence)
     return results
 
 

@@ -142,6 +142,57 @@ def _percentile(value: float, control: np.ndarray) -> float:
     return float(100.0 * below / control.size)
 
 
+def _with_random_bases(model, basis, n_random: int, seed: int) -> torch.Tensor:
+    """(1 + n_random, k, h): ``basis`` orthonormalised, then the random controls of its size."""
+    real = orthonormal_rows(basis)
+    k, h = real.shape
+    if h != model.config.n_embd:
+        raise ValueError(f"the basis has size {h}, the hidden size is {model.config.n_embd}")
+    return torch.cat([real[None], random_bases(n_random, k, h, seed)])
+
+
+def _ablation_table(
+    model, ids: torch.Tensor, num_steps: int, position: int, bases: torch.Tensor, *, hook: str,
+    steps: tuple[int, int] | None, init_scale: float, seed: int, batch_size: int,
+    progress: Callable[[int, int], None] | None,
+) -> pd.DataFrame:  # fmt: skip
+    """One row per basis (the first "real", the rest "random"): the KL and log-probability change
+    its ablation causes against the unablated run, ``batch_size`` bases per batched forward."""
+    length = ids.shape[1]
+    with torch.no_grad():
+        init = run_init(model, length, init_scale, seed, 1)
+        base = torch.log_softmax(model(ids, num_steps=num_steps, **init).logits[0].float(), -1)
+        rows = []
+        for start in range(0, len(bases), batch_size):
+            if progress is not None:
+                progress(start, len(bases))
+            chunk = bases[start : start + batch_size]
+            fn = project_out_hook(chunk, steps, positions=[position])
+            init = run_init(model, length, init_scale, seed, len(chunk))
+            with model.hooks([(hook, fn)]):
+                logits = model(ids.expand(len(chunk), -1), num_steps=num_steps, **init).logits
+            rows += _ablation_rows(base, torch.log_softmax(logits.float(), -1), position, start)
+    if progress is not None:
+        progress(len(bases), len(bases))
+    return pd.DataFrame(rows)
+
+
+def _ablation_rows(base: torch.Tensor, lp: torch.Tensor, position: int, first: int) -> list[dict]:
+    """The table rows of one batch: ablated log-probabilities ``lp`` (B, T, V) against ``base``
+    (T, V); ``first`` is the batch's index among all bases (0: the real one)."""
+    target = int(base[-1].argmax())
+    kl = torch.sum(base.exp() * (base - lp), dim=-1).clamp_min(0.0)  # (B, T)
+    return [
+        {
+            "kind": "real" if first + b == 0 else "random",
+            "effect": float(kl[b, position:].mean()),
+            "kl_last": float(kl[b, -1]),
+            "logprob_change": float(lp[b, -1, target] - base[-1, target]),
+        }
+        for b in range(len(lp))
+    ]
+
+
 def ablate_subspace(
     model,
     input_ids: Prompt,
@@ -174,39 +225,10 @@ def ablate_subspace(
         basis = token_rotation_plane(
             model, ids, num_steps, position, tail=tail, init_scale=init_scale, seed=seed
         )
-    real = orthonormal_rows(basis)
-    k, h = real.shape
-    if h != model.config.n_embd:
-        raise ValueError(f"the basis has size {h}, the hidden size is {model.config.n_embd}")
-    bases = torch.cat([real[None], random_bases(int(n_random), k, h, seed)])
-
-    with torch.no_grad():
-        init = run_init(model, length, init_scale, seed, 1)
-        base = torch.log_softmax(model(ids, num_steps=num_steps, **init).logits[0].float(), -1)
-        target = int(base[-1].argmax())
-        rows = []
-        for start in range(0, len(bases), int(batch_size)):
-            if progress is not None:
-                progress(start, len(bases))
-            chunk = bases[start : start + int(batch_size)]
-            fn = project_out_hook(chunk, steps, positions=[position])
-            init = run_init(model, length, init_scale, seed, len(chunk))
-            with model.hooks([(hook, fn)]):
-                logits = model(ids.expand(len(chunk), -1), num_steps=num_steps, **init).logits
-            lp = torch.log_softmax(logits.float(), -1)
-            kl = torch.sum(base.exp() * (base - lp), dim=-1).clamp_min(0.0)  # (B, T)
-            for b in range(len(chunk)):
-                rows.append(
-                    {
-                        "kind": "real" if start + b == 0 else "random",
-                        "effect": float(kl[b, position:].mean()),
-                        "kl_last": float(kl[b, -1]),
-                        "logprob_change": float(lp[b, -1, target] - base[-1, target]),
-                    }
-                )
-    if progress is not None:
-        progress(len(bases), len(bases))
-    table = pd.DataFrame(rows)
+    bases = _with_random_bases(model, basis, int(n_random), seed)
+    table = _ablation_table(model, ids, num_steps, position, bases, hook=hook, steps=steps,
+                            init_scale=init_scale, seed=seed, batch_size=int(batch_size),
+                            progress=progress)  # fmt: skip
     effect = float(table.effect[0])
     control = table.effect[1:].to_numpy()
     return AblationResult(effect, control, _percentile(effect, control), table, position)

@@ -162,6 +162,43 @@ def _ticker(on_progress: ProgressFn, start: int, stop: int, num_steps: int, tota
     return tick
 
 
+def _check_collect_fits(
+    model, T: int, runs: int, num_steps: int, dtype: np.dtype, batch_size: int, max_bytes
+) -> None:
+    """``TrajectoryTooLarge`` when the raw and normalised states, plus the float32 cache of one
+    batch while it runs, exceed ``max_bytes``."""
+    h = model.config.n_embd
+    stored = runs * (num_steps + 1) * T * h * dtype.itemsize
+    working = batch_size * (num_steps + 1) * T * h * 4
+    check_fits(
+        2 * stored + working,
+        max_bytes,
+        f"{runs} runs × {num_steps + 1} states × {T} "
+        f"tokens × h={h} in {dtype.name} (raw + normalised)",
+    )
+
+
+def _collect_states(
+    model, ids: torch.Tensor, plan, num_steps: int, dtype: np.dtype, batch_size: int,
+    progress: bool, on_progress: ProgressFn | None,
+) -> np.ndarray:  # fmt: skip
+    """The raw states (runs, num_steps + 1, T, h) of every run of ``plan``, ``batch_size`` runs
+    per batch, reporting to ``on_progress`` after every core iteration."""
+    T, h = ids.shape[1], model.config.n_embd
+    raw = np.empty((len(plan), num_steps + 1, T, h), dtype=dtype)
+    init = initial_states(model, plan, (T, h))
+    batches = range(0, len(plan), batch_size)
+    total = len(plan) * num_steps
+    if on_progress is not None:
+        on_progress(0, total)
+    for start in tqdm(batches, desc=f"collect {model.name}", disable=not progress, leave=False):
+        stop = min(start + batch_size, len(plan))
+        ticks = None if on_progress is None else _ticker(on_progress, start, stop, num_steps, total)
+        states = run_states(model, [ids[0]] * (stop - start), init[start:stop], num_steps, ticks)
+        raw[start:stop] = states[:, :, :T].permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
+    return raw
+
+
 @torch.no_grad()
 def collect(
     model: torch.nn.Module,
@@ -191,33 +228,12 @@ def collect(
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     plan = run_plan(seeds, init_scale)
-    T, h = ids.shape[1], model.config.n_embd
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float16):
         raise ValueError(f"dtype must be float32 or float16, got {dtype}")
     batch_size = max(1, min(int(batch_size), len(plan)))
-    stored = len(plan) * (num_steps + 1) * T * h * dtype.itemsize
-    # raw + normalised view, plus the float32 cache of one batch while it runs.
-    working = batch_size * (num_steps + 1) * T * h * 4
-    check_fits(
-        2 * stored + working,
-        max_bytes,
-        f"{len(plan)} runs × {num_steps + 1} states × {T} "
-        f"tokens × h={h} in {dtype.name} (raw + normalised)",
-    )
-
-    raw = np.empty((len(plan), num_steps + 1, T, h), dtype=dtype)
-    init = initial_states(model, plan, (T, h))
-    batches = range(0, len(plan), batch_size)
-    total = len(plan) * num_steps
-    if on_progress is not None:
-        on_progress(0, total)
-    for start in tqdm(batches, desc=f"collect {model.name}", disable=not progress, leave=False):
-        stop = min(start + batch_size, len(plan))
-        ticks = None if on_progress is None else _ticker(on_progress, start, stop, num_steps, total)
-        states = run_states(model, [ids[0]] * (stop - start), init[start:stop], num_steps, ticks)
-        raw[start:stop] = states[:, :, :T].permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
-
+    _check_collect_fits(model, ids.shape[1], len(plan), num_steps, dtype, batch_size, max_bytes)
+    raw = _collect_states(model, ids, plan, num_steps, dtype, batch_size, progress, on_progress)
     tokens = token_strings(model, ids[0].tolist())
     return Trajectory(
         raw_states=raw,

@@ -36,6 +36,37 @@ def _token_strings(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
     return np.asarray(token_strings(model, ids.ravel().tolist()), dtype=object).reshape(ids.shape)
 
 
+def _lens_arrays(
+    model: torch.nn.Module,
+    states: torch.Tensor,
+    kind: str,
+    k: int,
+    final_logp: torch.Tensor,
+    chunk_bytes: int,
+) -> dict[str, np.ndarray]:
+    """Per (step, position) of ``states`` (S, T, h): the lens's top-``k`` ids and probabilities, and
+    the final token's rank and probability, KL(p_final ‖ p_step) and the entropy; steps run in
+    chunks of about ``chunk_bytes``."""
+    S, T, _ = states.shape
+    final_p = final_logp.exp()
+    final_tok = final_logp.argmax(-1)  # (T,)
+    V = final_logp.shape[-1]
+    chunk = max(1, int(chunk_bytes // (T * V * 4 * 3)))
+    out = {n: [] for n in ("topk_ids", "topk_probs", "rank", "prob", "kl", "entropy")}
+    for start in range(0, S, chunk):
+        logp = torch.log_softmax(lens_logits(model, states[start : start + chunk], kind), dim=-1)
+        p = logp.exp()
+        top = logp.topk(k, dim=-1)
+        out["topk_ids"].append(top.indices)
+        out["topk_probs"].append(top.values.exp())
+        final_logit = logp.gather(-1, final_tok.expand(logp.shape[0], T)[..., None])
+        out["rank"].append((logp > final_logit).sum(-1) + 1)
+        out["prob"].append(final_logit[..., 0].exp())
+        out["kl"].append((final_p * (final_logp - logp)).sum(-1))
+        out["entropy"].append(-(p * logp).sum(-1))
+    return {n: torch.cat(v).cpu().numpy() for n, v in out.items()}
+
+
 @torch.no_grad()
 def lens(
     model: torch.nn.Module,
@@ -59,24 +90,9 @@ def lens(
     param = next(model.parameters())
     states = torch.from_numpy(np.ascontiguousarray(x)).to(param.device, param.dtype)
     final_logp = torch.log_softmax(lens_logits(model, states[-1:], "coda")[0], dim=-1)  # (T, V)
-    final_p = final_logp.exp()
     final_tok = final_logp.argmax(-1)  # (T,)
-    V = final_logp.shape[-1]
-    k = min(int(top_k), V)
-    chunk = max(1, int(chunk_bytes // (T * V * 4 * 3)))
-    out = {n: [] for n in ("topk_ids", "topk_probs", "rank", "prob", "kl", "entropy")}
-    for start in range(0, S, chunk):
-        logp = torch.log_softmax(lens_logits(model, states[start : start + chunk], kind), dim=-1)
-        p = logp.exp()
-        top = logp.topk(k, dim=-1)
-        out["topk_ids"].append(top.indices)
-        out["topk_probs"].append(top.values.exp())
-        final_logit = logp.gather(-1, final_tok.expand(logp.shape[0], T)[..., None])
-        out["rank"].append((logp > final_logit).sum(-1) + 1)
-        out["prob"].append(final_logit[..., 0].exp())
-        out["kl"].append((final_p * (final_logp - logp)).sum(-1))
-        out["entropy"].append(-(p * logp).sum(-1))
-    arrays = {n: torch.cat(v).cpu().numpy() for n, v in out.items()}  # (S, T, ...)
+    k = min(int(top_k), final_logp.shape[-1])
+    arrays = _lens_arrays(model, states, kind, k, final_logp, chunk_bytes)  # (S, T, ...)
     topk_ids = arrays["topk_ids"].transpose(1, 0, 2).reshape(T * S, k)
     topk_tokens = _token_strings(model, topk_ids)
     pos, step = np.meshgrid(np.arange(T), np.arange(S), indexing="ij")

@@ -14,10 +14,13 @@ ratio's float32 rounding (about 1e-5 in m between batched and single forwards) i
 against the gap's own size. Such a grid is noise divided by a small number; figures and the app show
 the gap instead of a colour scale.
 
-Many patches run as one batched forward (each batch row carries its own patch), and a patch of the
-core state s_i resumes from the cached s_i instead of recomputing the first i iterations. Patches
-that put in what the base run already has (positions before the corrupted token, a shared s_0) are
-not run: they restore exactly 0 (or 1 when noising).
+Many patches run as one batched forward (each batch row carries its own patch), and a patch of a
+per-iteration hook resumes from the base run's cache instead of recomputing the first iterations
+(``reuse_prefix``): a patch of core.hook_state at step i starts from the cached s_i with the patch
+put in, one of the core's sub-layer hooks from s_{i−1} with the patch put in during the first
+iteration, and either runs only the remaining iterations (the core has no step-dependent
+weights). Patches that put in what the base run already has (positions before the corrupted token,
+a shared s_0) are not run: they restore exactly 0 (or 1 when noising).
 """
 
 from __future__ import annotations
@@ -183,7 +186,12 @@ def _reporter(progress: Progress, total: int, should_stop: Callable[[], bool] | 
     return report
 
 
-def _check_inputs(clean, corrupted, direction: str, metric: str, batch_size: int) -> None:
+def _checked_pair(
+    model, clean_ids, corrupted_ids, direction: str, metric: str, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clean and corrupted ids as (1, T) tensors on the model's device, and the options checked."""
+    clean = as_token_ids(clean_ids, "clean_ids").to(model.device)
+    corrupted = as_token_ids(corrupted_ids, "corrupted_ids").to(model.device)
     if clean.shape != corrupted.shape:
         raise ValueError(
             f"clean_ids and corrupted_ids must have the same length, got {clean.shape[1]} and "
@@ -199,6 +207,7 @@ def _check_inputs(clean, corrupted, direction: str, metric: str, batch_size: int
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return clean, corrupted
 
 
 def patch_states(
@@ -233,11 +242,9 @@ def patch_states(
     position; ``target`` defaults to the clean run's top token there, ``corrupted_target`` to the
     corrupted run's. ``direction``: "denoising" (clean activation into the corrupted run) or
     "noising" (corrupted activation into the clean run); ``restored`` has the same formula for both.
-    ``batch_size`` patches run per batched forward (1 = one at a time). ``reuse_prefix``
-    (per-iteration hooks): a patch at step i starts from the base run's cached s_i with the patch put
-    in (core.hook_state) or from s_{i−1} with the patch put in during the first iteration (the
-    core's sub-layer hooks), and runs only the remaining iterations (the core has no step-dependent
-    weights); False runs every patch from s_0 through the hook.
+    ``batch_size`` patches run per batched forward (1 = one at a time). ``reuse_prefix``: resume
+    each patch of a per-iteration hook from the base run's cached states (module docstring); False
+    runs every patch from s_0 through the hook.
 
     ``progress``: True for a tqdm bar, or a callable ``progress(done, total)`` (patches) called
     before every batch and at the end; it may raise to stop. ``should_stop()``, checked before
@@ -249,30 +256,16 @@ def patch_states(
     (|clean − corrupted| < ``min_gap``, default MIN_GAP: restored is not meaningful). ``frame.attrs`` holds
     ``metric``, ``target``, ``corrupted_target``, ``gap`` and ``min_gap``.
     """
-    clean = as_token_ids(clean_ids, "clean_ids").to(model.device)
-    corrupted = as_token_ids(corrupted_ids, "corrupted_ids").to(model.device)
-    _check_inputs(clean, corrupted, direction, metric, batch_size)
+    clean, corrupted = _checked_pair(model, clean_ids, corrupted_ids, direction, metric, batch_size)
     chosen_steps = check_steps(steps, hook_steps(model, hook, int(num_steps)), hook)
+    settings = _Settings(num_steps=int(num_steps), hook=hook, direction=direction,
+                         init_scale=init_scale, seed=seed, reuse_prefix=reuse_prefix,
+                         batch_size=int(batch_size))  # fmt: skip
+    cells = [(p, s) for p in _positions(positions, clean.shape[1]) for s in chosen_steps]
     with torch.inference_mode():
-        plan = _plan(
-            model,
-            (clean, corrupted),
-            _Settings(
-                num_steps=int(num_steps),
-                hook=hook,
-                direction=direction,
-                init_scale=init_scale,
-                seed=seed,
-                reuse_prefix=reuse_prefix,
-                batch_size=int(batch_size),
-            ),
-            cells=[(p, s) for p in _positions(positions, clean.shape[1]) for s in chosen_steps],
-            answers=(metric, target, corrupted_target),
-        )
+        plan = _plan(model, (clean, corrupted), settings, cells, (metric, target, corrupted_target))
         patched, logprob = _run_plan(model, plan, _reporter(progress, plan.todo, should_stop))
-    labels = token_labels(model, clean)
-    unpatched = (plan.m_clean, plan.m_corrupted, float(min_gap))
-    return _frame(plan.cells, labels, patched, logprob, unpatched, plan.answer)
+    return _frame(plan, token_labels(model, clean), patched, logprob, float(min_gap))
 
 
 @dataclass(frozen=True)
@@ -393,10 +386,10 @@ def _run_patches(model, ids, chunk, plan: _Plan):
         return model(ids, num_steps=num_steps, **init)
 
 
-def _frame(cells, labels, patched, logprob, unpatched, answer) -> pd.DataFrame:
+def _frame(plan: _Plan, labels, patched, logprob, min_gap: float) -> pd.DataFrame:
     """The output frame (see `patch_states`); restored is NaN when the gap is exactly 0."""
-    metric, target, corrupted_target = answer
-    m_clean, m_corr, min_gap = unpatched
+    metric, target, corrupted_target = plan.answer
+    cells, m_clean, m_corr = plan.cells, plan.m_clean, plan.m_corrupted
     gap = m_clean - m_corr
     restored = (patched - m_corr) / gap + 0.0 if gap != 0 else np.full(len(cells), np.nan)
     frame = pd.DataFrame(

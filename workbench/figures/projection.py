@@ -68,6 +68,39 @@ def _of(run: str | None) -> str:
     return f" ({run})" if run else ""
 
 
+def _log_step_ticks(n_steps: int) -> dict:
+    """The step colour bar's ticks: the paths move most in their first steps, so the colour runs
+    on log2(step + 1) and the ticks name steps 0, 1, 2, 4, 8, …"""
+    marks = [m for m in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256) if m < n_steps]
+    return dict(
+        title="step", tickvals=np.log2(np.asarray(marks) + 1), ticktext=[str(m) for m in marks]
+    )
+
+
+def _waterfall_line(
+    path: np.ndarray,
+    position: int,
+    components: tuple[int, int],
+    label: str,
+    step_ticks: dict,
+    with_scale: bool,
+) -> go.Scatter3d:
+    """One token's path (steps + 1, k) in (PC a, PC b) at x = its position, coloured by log step;
+    ``with_scale`` draws the shared colour bar."""
+    a, b = components
+    n_steps = path.shape[0]
+    steps = np.arange(n_steps)
+    return go.Scatter3d(
+        x=np.full(n_steps, position), y=path[:, a], z=path[:, b], mode="lines", name=label,
+        line=dict(
+            color=np.log2(steps + 1), colorscale=STEP_COLORSCALE, width=5,
+            cmin=0, cmax=np.log2(n_steps), showscale=with_scale,
+            colorbar=step_ticks if with_scale else None,
+        ),
+        text=[f"{label}<br>step {s}" for s in steps], hoverinfo="text",
+    )  # fmt: skip
+
+
 def waterfall_3d(
     coords: np.ndarray,
     tokens: Sequence[str] | None = None,
@@ -89,26 +122,10 @@ def waterfall_3d(
     if positions is None:
         positions = np.unique(np.linspace(0, T - 1, min(T, max_tokens)).round().astype(int))
     a, b = components
-    steps = np.arange(n_steps)
-    # the paths move most in their first steps: colour on log2(step + 1) so those steps differ
-    marks = [m for m in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256) if m < n_steps]
-    step_ticks = dict(
-        title="step", tickvals=np.log2(np.asarray(marks) + 1), ticktext=[str(m) for m in marks]
-    )
+    step_ticks = _log_step_ticks(n_steps)
     fig = go.Figure()
     for i, p in enumerate(positions):
-        fig.add_trace(
-            go.Scatter3d(
-                x=np.full(n_steps, p), y=coords[:, p, a], z=coords[:, p, b], mode="lines",
-                name=labels[p],
-                line=dict(
-                    color=np.log2(steps + 1), colorscale=STEP_COLORSCALE, width=5,
-                    cmin=0, cmax=np.log2(n_steps), showscale=i == 0,
-                    colorbar=step_ticks if i == 0 else None,
-                ),
-                text=[f"{labels[p]}<br>step {s}" for s in steps], hoverinfo="text",
-            )
-        )  # fmt: skip
+        fig.add_trace(_waterfall_line(coords[:, p], p, components, labels[p], step_ticks, i == 0))
     ends = np.asarray(list(positions))
     fig.add_trace(
         go.Scatter3d(
