@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import streamlit as st
 
-from recurrent_model.sampling import EXIT_CRITERIA as MODEL_EXIT_CRITERIA
+from recurrent_model.criteria import names
 from workbench import figures
 
 from . import compute, cost
 from .messages import shown_as_message
 from .ui import Context, chart, quoted_tokens, table_download
 
-EXIT_CRITERIA = ("none (fixed steps)", *MODEL_EXIT_CRITERIA)
+#: The choices of the exit criterion: none, then the registry's criteria for generate.
+EXIT_CRITERIA = ("none (fixed steps)", *names("generate"))
+DEFAULT_EXIT_CRITERION = "kl"  # chosen by name, wherever the registry lists it
+DEFAULT_EXIT = EXIT_CRITERIA.index(DEFAULT_EXIT_CRITERION)
 
 
 NEW_TOKEN_CHOICES = (24, 16, 8, 4, 1)
@@ -52,7 +55,7 @@ def render(ctx: Context) -> None:
         if 1 <= new <= room:
             st.caption(f"Up to {int(new)} new token(s) × {ctx.run.num_steps} steps: "
                        f"{generation_estimate(ctx, int(new)).describe()}")  # fmt: skip
-        crit = st.selectbox("Exit criterion", EXIT_CRITERIA, index=1, key="gen_exit")
+        crit = st.selectbox("Exit criterion", EXIT_CRITERIA, index=DEFAULT_EXIT, key="gen_exit")
         thr = st.number_input(
             "Exit threshold (0 = the criterion's default)",
             value=0.0,

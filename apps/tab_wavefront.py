@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from recurrent_model.diffusion import FREEZE_STRATEGIES
+from recurrent_model.criteria import freeze_strategies
+from recurrent_model.diffusion import DiffusionConfig
 from workbench import figures
 
 from . import compute, cost
@@ -30,7 +31,9 @@ def render(ctx: Context) -> None:
         headway = c3.number_input("Headway", 1, 16, 1, key="wf_headway")
         c4, c5 = st.columns(2)
         exit_t = c4.number_input("exit_t", 0.0, 10.0, 0.03, format="%.3f", key="wf_exit_t")
-        strategy = c5.selectbox("Freeze strategy", FREEZE_STRATEGIES, key="wf_strategy")
+        strategies = freeze_strategies()  # the sampler's default chosen by name
+        default = strategies.index(DiffusionConfig.freeze_strategy)
+        strategy = c5.selectbox("Freeze strategy", strategies, index=default, key="wf_strategy")
         if st.form_submit_button("Sample"):
             st.session_state["wf_request"] = (int(new), int(inner), int(headway), float(exit_t),
                                               strategy)  # fmt: skip
