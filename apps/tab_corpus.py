@@ -7,6 +7,7 @@ Opening a directory reads Parquet files and runs no model, so there is no Run bu
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,14 +238,16 @@ def header(run: CorpusRun, path: Path, model: Any) -> None:
         )
 
 
-def column_formats() -> dict[str, Any]:
-    """Number formats of the token table: small steps in scientific notation."""
+def column_formats(columns: Sequence[str] = ()) -> dict[str, Any]:
+    """Headers in words and number formats of the token table: small steps in scientific
+    notation."""
     number = st.column_config.NumberColumn
-    return {
-        "final_step_size": number(format="%.2e"),
-        "period": number(format="%.1f"),
-        "steps_to_converge": number(format="%d"),
-        "lambda_1": number(format="%.3f"),
+    config: dict[str, Any] = {c: st.column_config.Column(figures.words(c)) for c in columns}
+    return config | {
+        "final_step_size": number(figures.words("final_step_size"), format="%.2e"),
+        "period": number("period (steps)", format="%.1f"),
+        "steps_to_converge": number("steps to converge", format="%d"),
+        "lambda_1": number("λ_1", format="%.3f"),
     }
 
 
@@ -276,6 +279,6 @@ def render(ctx: Context) -> None:
     st.caption(f"{len(rows):,} of {len(run.table):,} rows{note}. Choose a row to open it.")
     st.dataframe(
         shown, key="corpus_table", on_select=_select_row, selection_mode="single-row",
-        hide_index=True, column_config=column_formats(),
+        hide_index=True, column_config=column_formats(shown.columns),
     )  # fmt: skip
     table_download(rows, "corpus_tokens")

@@ -19,6 +19,16 @@ KIND_MEANINGS = (
     "one way · **other**: none of these over the steps run."
 )
 UNSETTLED_SHARE = 0.25  # suggest more steps when at least this share is converging or other
+# the classifier's columns the table shows, under the words it shows them by
+TABLE_COLUMNS = {
+    "token_text": "token",
+    "kind": "kind",
+    "settled": "settled",
+    "period": "period (steps)",
+    "angular_speed": "angular speed (rad/step)",
+    "drift_speed": "drift per step",
+    "final_step_size": "last relative step",
+}
 
 
 def settled(frame: pd.DataFrame) -> pd.Series:
@@ -52,6 +62,15 @@ def more_steps_hint(kinds: pd.Series, num_steps: int) -> None:
     )
 
 
+def dynamics_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table the tab shows: each token's position first (two equal tokens stay apart), the
+    token in quotes with escapes, the kind in words and the columns under `TABLE_COLUMNS`."""
+    shown = quoted_tokens(frame[list(TABLE_COLUMNS)], "token_text")
+    shown["kind"] = shown["kind"].str.replace("_", " ")
+    shown.insert(0, "position", frame.index.to_numpy())
+    return shown.rename(columns=TABLE_COLUMNS)
+
+
 def _select_row() -> None:
     """Clicking a row of the dynamics table selects that token for the rotation panels."""
     rows = st.session_state["dyn_table"].selection.rows
@@ -74,10 +93,10 @@ def render(ctx: Context) -> None:
         f"s_0 (init scale {ctx.run.init_scale:g}); the Training tab counts the same labels."
     )
     more_steps_hint(frame["kind"], ctx.traj.num_steps)
-    shown = ["token_text", "kind", "settled", "period", "angular_speed", "drift_speed"]
-    shown.append("final_step_size")
     st.dataframe(
-        quoted_tokens(frame[shown], "token_text"),
+        dynamics_table(frame),
+        hide_index=True,
+        column_config={"token": st.column_config.TextColumn("token", width="medium")},
         key="dyn_table",
         on_select=_select_row,
         selection_mode="single-row",

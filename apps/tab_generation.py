@@ -45,9 +45,8 @@ def threshold_problem(criterion: str | None, threshold: float) -> str | None:
     return None
 
 
-def render(ctx: Context) -> None:
-    """Generate a continuation with an adaptive exit and show the iterations spent per token."""
-    room = ctx.model.config.block_size - len(ctx.run.token_ids)
+def request_form(ctx: Context, room: int) -> None:
+    """The generation form; pressing Generate stores (new tokens, criterion, threshold)."""
     with st.form("generation"):
         new = st.number_input(
             "New tokens", value=default_new_tokens(ctx, room), step=1, key="gen_new"
@@ -64,6 +63,43 @@ def render(ctx: Context) -> None:
         )
         if st.form_submit_button("Generate"):
             st.session_state["gen_request"] = (int(new), crit, float(thr))
+
+
+def show_generation(ctx: Context, new: int, criterion: str | None, threshold: float | None) -> None:
+    """Generate (with a progress bar), then the text, the mean steps and the steps per token."""
+    progress = compute.TaskProgress(
+        f"Generating {new} new token{'s' if new != 1 else ''}",
+        "tokens",
+        generation_estimate(ctx, new),
+    )
+    out = compute.generation(
+        ctx.model,
+        ctx.run.token_ids,
+        new,
+        ctx.run.num_steps,
+        criterion,
+        threshold,
+        ctx.run.init_scale,
+        _progress=progress,
+    )
+    st.code(out["text"] or "(stopped at once)", language=None, wrap_lines=True)
+    st.metric("Mean steps per token", f"{out['mean_steps']:.1f}")
+    table = out["table"]
+    if len(table):
+        chart(
+            figures.steps_per_token_bars(
+                table["steps"], table["token"], max_steps=ctx.run.num_steps
+            ),
+            "gen_steps",
+        )
+    st.dataframe(quoted_tokens(table), hide_index=True, key="gen_table")
+    table_download(table, "generation_steps")
+
+
+def render(ctx: Context) -> None:
+    """Generate a continuation with an adaptive exit and show the iterations spent per token."""
+    room = ctx.model.config.block_size - len(ctx.run.token_ids)
+    request_form(ctx, room)
     request = st.session_state.get("gen_request")
     if request is None:
         st.info(f"Press Generate: up to {ctx.run.num_steps} steps per token (the sidebar's steps).")
@@ -77,32 +113,5 @@ def render(ctx: Context) -> None:
     if problem:
         st.error(problem)
         return
-    threshold = thr if thr > 0 else None
     with shown_as_message():
-        progress = compute.TaskProgress(
-            f"Generating {new} new token{'s' if new != 1 else ''}",
-            "tokens",
-            generation_estimate(ctx, new),
-        )
-        out = compute.generation(
-            ctx.model,
-            ctx.run.token_ids,
-            new,
-            ctx.run.num_steps,
-            criterion,
-            threshold,
-            ctx.run.init_scale,
-            _progress=progress,
-        )
-        st.code(out["text"] or "(stopped at once)", language=None, wrap_lines=True)
-        st.metric("Mean steps per token", f"{out['mean_steps']:.1f}")
-        table = out["table"]
-        if len(table):
-            chart(
-                figures.steps_per_token_bars(
-                    table["steps"], table["token"], max_steps=ctx.run.num_steps
-                ),
-                "gen_steps",
-            )
-        st.dataframe(quoted_tokens(table), hide_index=True, key="gen_table")
-        table_download(table, "generation_steps")
+        show_generation(ctx, new, criterion, thr if thr > 0 else None)

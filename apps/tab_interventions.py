@@ -6,18 +6,21 @@ is cached in ``apps.intervention_compute``; figures come from ``workbench.figure
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import streamlit as st
 
 from recurrent_model.hook_names import STATE, core
 from tasks.arithmetic import DEFAULT_PATCHING_PAIR
 from workbench import figures, pca_direction, plane_vector
+from workbench._frames import printable, shown_token
 from workbench.dynamics import MIN_TAIL
 from workbench.patching import patching_pair
 
 from . import intervention_compute as compute
 from .tab_generation import generation_estimate
-from .ui import Context, chart, default_tokens, estimate_gate, table_download
+from .ui import Context, chart, default_tokens, estimate_gate, quoted_tokens, table_download
 
 TOOLS = ("Patching", "Steering", "Ablation")
 
@@ -28,13 +31,50 @@ def _init(ctx: Context) -> tuple[float, int]:
 
 
 PAIR_SOURCES = ("Default pair", "Corrupt a token of the prompt")
+PAIR_WORDS = {
+    "Default pair": "The arithmetic pair (tasks.arithmetic)",
+    "Corrupt a token of the prompt": "The sidebar's prompt, one token replaced",
+}
+METRIC_MEANING = {
+    "logit_diff": "logit difference = logit(clean answer) − logit(corrupted answer)",
+    "logprob": "log-probability of the clean answer",
+}
 
 
-def _pair_caption() -> str:
-    pair = DEFAULT_PATCHING_PAIR
+def _md(text: str) -> str:
+    """``text`` with markdown's special characters escaped, so that it shows as typed."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|$~<>])", r"\\\1", text)
+
+
+def _quoted_text(text: str, width: int = 120) -> str:
+    """``text`` in double quotes for markdown: escapes for what a reader cannot see, markdown's
+    special characters escaped, cut to ``width`` characters."""
+    shown = printable(text)
+    return '"' + _md(shown if len(shown) <= width else shown[: width - 1] + "…") + '"'
+
+
+def _pair_statement(ctx: Context, source: str) -> str:
+    """The clean and corrupted prompts the chosen experiment runs, one per line in bold, for the
+    top of the panel; the prompt mode shows the token and replacement last chosen in the form."""
+    if source == PAIR_SOURCES[0]:
+        pair = DEFAULT_PATCHING_PAIR
+        return (
+            f"**Clean prompt:** {_quoted_text(pair.clean)}, answer "
+            f"{_md(shown_token(str(pair.answer)))}  \n"
+            f"**Corrupted prompt:** {_quoted_text(pair.corrupted)}, answer "
+            f"{_md(shown_token(str(pair.corrupted_answer)))}  \n"
+            f'The sidebar\'s prompt is not used: choose "{PAIR_WORDS[PAIR_SOURCES[1]]}" to '
+            "patch it."
+        )
+    position = st.session_state.get("patch_position", default_tokens(ctx.tokens, 1)[0])
+    replacement = st.session_state.get("patch_replacement", "5")
+    position = min(int(position), len(ctx.tokens) - 1)
     return (
-        f"Default pair: {pair.clean!r} (answer {pair.answer}) against {pair.corrupted!r} (answer "
-        f"{pair.corrupted_answer}), from tasks.arithmetic."
+        f"**Clean prompt:** the sidebar's prompt, "
+        f"{_quoted_text(st.session_state.get('prompt', ''))}  \n"
+        f"**Corrupted prompt:** the same with token {position} "
+        f"({_md(shown_token(ctx.tokens[position]))}) replaced by {_md(shown_token(replacement))}  \n"
+        "The answers are each run's own top next token."
     )
 
 
@@ -60,41 +100,76 @@ def _show_answers(ctx: Context, frame, clean: tuple[int, ...], corrupted: tuple[
     cols = st.columns(3)
     for col, label, ids in ((cols[0], "clean", clean), (cols[1], "corrupted", corrupted)):
         token, prob = compute.answer(ctx.model, ids, steps, scale, seed)
-        col.metric(f"{label} answer", token, f"p = {prob:.3f}", delta_color="off")
+        col.metric(f"{label} answer", shown_token(token), f"probability {prob:.3f}",
+                   delta_color="off", delta_arrow="off")  # fmt: skip
     unit = "logits" if metric == "logit_diff" else "nats"
-    cols[2].metric(f"gap ({metric})", f"{frame.attrs['gap']:.3g} {unit}")
+    cols[2].metric(f"gap ({figures.words(metric)})", f"{frame.attrs['gap']:.3g} {unit}")
 
 
-def patching_panel(ctx: Context) -> None:
-    """Patch the clean activation into the corrupted run at every (position, step)."""
+def _patch_form(ctx: Context) -> None:
+    """The prompt pair (stated above the form), the patching settings, and Run patching, which
+    stores them as the request."""
     hooks = [STATE] + [core(j) for j in range(ctx.model.config.n_layers_in_recurrent_block)]
+    source = st.radio(
+        "Clean and corrupted prompts", PAIR_SOURCES, format_func=PAIR_WORDS.__getitem__,
+        horizontal=True, key="patch_pair",
+    )  # fmt: skip
+    st.info(_pair_statement(ctx, source))
     with st.form("patching"):
-        source = st.radio("Experiment", PAIR_SOURCES, horizontal=True, key="patch_pair")
-        st.caption(_pair_caption())
         position = ctx.token_picker(
-            "Token to corrupt (prompt mode)", "patch_position", default_tokens(ctx.tokens, 1)[0]
+            "Token to corrupt (sidebar prompt only)",
+            "patch_position",
+            default_tokens(ctx.tokens, 1)[0],
         )
-        replacement = st.text_input("Replacement (one token)", "5", key="patch_replacement")
+        replacement = st.text_input(
+            "Replacement (one token; sidebar prompt only)", "5", key="patch_replacement"
+        )
         c1, c2, c3, c4 = st.columns(4)
         hook = c1.selectbox("Hook", hooks, key="patch_hook")
         positions = c2.radio("Patch", ["each", "all"], horizontal=True, key="patch_positions")
         direction = c3.radio("Direction", ["denoising", "noising"], key="patch_direction")
-        metric = c4.radio("Metric", ("logit_diff", "logprob"), key="patch_metric")
-        st.caption(
-            "logit_diff = logit(clean answer) − logit(corrupted answer) at the last position; "
-            "restored = (patched − corrupted) / (clean − corrupted): 1 means the patch alone "
-            "brings the clean answer back, 0 that it changes nothing."
+        metric = c4.radio(
+            "Metric", ("logit_diff", "logprob"), format_func=figures.words, key="patch_metric"
         )
-        go = st.form_submit_button("Run patching")
-    if go:
-        request = (source, position, replacement, hook, positions, direction, metric)
-        st.session_state["patch_request"] = request
+        st.caption(
+            f"Metric at the last position: {METRIC_MEANING['logit_diff']}, or the "
+            f"{METRIC_MEANING['logprob']}; share restored = (patched − corrupted) / (clean − "
+            "corrupted): 1 means the patch alone brings the clean answer back, 0 that it changes "
+            "nothing."
+        )
+        if st.form_submit_button("Run patching"):
+            request = (source, position, replacement, hook, positions, direction, metric)
+            st.session_state["patch_request"] = request
+
+
+def _answers_differ(ctx: Context, clean: tuple[int, ...], corrupted: tuple[int, ...]) -> bool:
+    """Whether the two runs' top next tokens differ (the logit difference compares them); when
+    they do not, the page says so in words and patching does not start."""
+    scale, seed = _init(ctx)
+    steps = ctx.run.num_steps
+    answer, _ = compute.answer(ctx.model, clean, steps, scale, seed)
+    other, _ = compute.answer(ctx.model, corrupted, steps, scale, seed)
+    if answer != other:
+        return True
+    st.warning(
+        f"Both runs answer {_md(shown_token(answer))}: this corruption does not change the answer, so "
+        "the logit difference has no second answer to compare with. Pick another token or "
+        "replacement, or the log-probability metric."
+    )
+    return False
+
+
+def patching_panel(ctx: Context) -> None:
+    """Patch the clean activation into the corrupted run at every (position, step)."""
+    _patch_form(ctx)
     request = st.session_state.get("patch_request")
     if request is None:
-        st.info("Pick an experiment and press Run patching.")
+        st.info("Press Run patching to patch the clean run into the corrupted one.")
         return
     source, position, replacement, hook, positions, direction, metric = request
     clean, corrupted, target, corrupted_target = _patch_inputs(ctx, source, position, replacement)
+    if metric == "logit_diff" and target is None and not _answers_differ(ctx, clean, corrupted):
+        return
     scale, seed = _init(ctx)
     steps = ctx.run.num_steps
     cells = (len(clean) if positions == "each" else 1) * (steps + 1)
@@ -114,10 +189,10 @@ def patching_panel(ctx: Context) -> None:
     _show_answers(ctx, frame, clean, corrupted)
     if frame.gap_too_small.iloc[0]:
         st.warning(
-            f"The clean and corrupted runs differ by {abs(frame.attrs['gap']):.2g} in {metric}, "
-            f"below {frame.attrs['min_gap']:g}: there is no difference in answer to restore, "
-            "and restored would divide noise by a small number. The grid is not drawn; pick a "
-            "corruption that changes the answer."
+            f"The clean and corrupted runs differ by {abs(frame.attrs['gap']):.2g} in "
+            f"{figures.words(metric)}, below {frame.attrs['min_gap']:g}: there is no difference "
+            "in answer to restore, and the share restored would divide noise by a small number. "
+            "The grid is not drawn; pick a corruption that changes the answer."
         )
     else:
         chart(figures.patching_heatmap(frame), "patch_heatmap")
@@ -151,6 +226,7 @@ def _direction(ctx: Context, source: str, steps: int) -> tuple[np.ndarray, np.nd
 def steering_panel(ctx: Context) -> None:
     """Add α·v (or rotate a plane) at iterations i … j; the next-token effect and a continuation."""
     steps = ctx.run.num_steps
+    st.caption(f"Steering runs on the sidebar's prompt ({len(ctx.run.token_ids)} tokens).")
     source = st.radio(
         "Direction", ["Difference of means", "PCA component", "Rotation plane"],
         horizontal=True, key="steer_source",
@@ -191,7 +267,8 @@ def steering_panel(ctx: Context) -> None:
         f"Both at the last position: {effect.measure}. Mean KL over every position: "
         f"{effect.kl_from(0):.3g} (the ablation tool's measure, from its token on)."
     )
-    st.dataframe(effect.top_k, hide_index=True, key="steer_topk")
+    top = quoted_tokens(quoted_tokens(effect.top_k, "baseline_token"), "steered_token")
+    st.dataframe(top.rename(columns=figures.words), hide_index=True, key="steer_topk")
     if result["sweep"] is not None:
         chart(figures.steering_sweep_figure(result["sweep"]), "steer_sweep")
     room = ctx.model.config.block_size - len(ctx.run.token_ids)

@@ -32,7 +32,10 @@ def render(ctx: Context) -> None:
     progress = compute.TaskProgress(f"Decoding {what}", "states", guess)
     frame = compute.lens(ctx.model, ctx.traj, ctx.tokens, kind, _progress=progress)
     value = st.selectbox(
-        "Colour", ["final_prob", "kl_to_final", "entropy", "final_rank"], key="lens_value"
+        "Colour",
+        ["final_prob", "kl_to_final", "entropy", "final_rank"],
+        format_func=figures.words,
+        key="lens_value",
     )
     chart(figures.lens_heatmap(frame, value), "lens_heatmap")
     position = ctx.token_picker("Token", "lens_token", ctx.traj.n_tokens - 1)

@@ -32,6 +32,7 @@ def render(ctx: Context) -> None:
         fig = figures.aligned_embeddings_figure(embeddings, names, f"token {ctx.labels[position]}")
         chart(fig, "aligned_umap")
     attractor = compute.attractor_distance(ctx.traj, ctx.tokens)
-    st.dataframe(quoted_tokens(attractor), hide_index=True, key="pi_attractor")
+    shown = quoted_tokens(attractor).rename(columns=figures.words)
+    st.dataframe(shown, hide_index=True, key="pi_attractor")
     table_download(spread, "path_independence")
     table_download(attractor, "attractor_distance")

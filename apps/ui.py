@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from workbench import position_labels
-from workbench._frames import printable, token_display_strings
+from workbench._frames import printable, shown_token, token_display_strings
 
 from . import cost
 from .compute import csv_bytes
@@ -120,15 +120,15 @@ def estimate_gate(what: str, guess: cost.CostEstimate, key: str, identity: objec
     approved = st.session_state.setdefault("approved_actions", set())
     if guess.seconds <= cost.HEAVY_SECONDS or (key, identity) in approved:
         return True
-    if st.button(f"Run ({guess.describe()})", key=key):
-        approved.add((key, identity))
-        return True
+    # approved in the click's callback: the rerun it starts draws the result and no button
+    approve = lambda: approved.add((key, identity))  # noqa: E731
+    st.button(f"Run ({guess.describe()})", key=key, on_click=approve)
     return False
 
 
 def quoted_tokens(frame: pd.DataFrame, column: str = "token") -> pd.DataFrame:
-    """A copy of ``frame`` with its token column in quotes, as the figures label tokens: a space
-    or an empty token is visible in a table cell."""
+    """A copy of ``frame`` with its token column as `shown_token` writes it, as the figures
+    label tokens: a space or an empty token is visible in a table cell."""
     shown = frame.copy()
-    shown[column] = [f"'{t}'" for t in shown[column]]
+    shown[column] = [shown_token(t) for t in shown[column]]
     return shown

@@ -24,6 +24,7 @@ from apps.serve import (  # noqa: E402
     CHROMIUM_ARGS,
     free_port,
     screenshot_tabs,
+    shown_tabs,
     start_streamlit,
     stop,
     wait_healthy,
@@ -75,6 +76,16 @@ def open_corpus(page, run_dir: Path) -> None:
     page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]')?.scrollTo(0, 0)")
 
 
+def chosen_tabs(shown: list[str], wanted: str | None) -> list:
+    """The tab records (``apps.views.TABS``) the page shows, those named in ``wanted`` (a
+    comma-separated list of titles) when given; a name the page does not show stops the run."""
+    names = [t.strip() for t in wanted.split(",")] if wanted else shown
+    unknown = [n for n in names if n not in shown]
+    if unknown:
+        sys.exit(f"no tab {', '.join(map(repr, unknown))}; the page shows {', '.join(shown)}")
+    return [tab for tab in shown_tabs() if tab.title in names]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/screens"))
@@ -89,7 +100,6 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     args.out.mkdir(parents=True, exist_ok=True)
-    run_dir = args.corpus or corpus_run(args.out / "corpus")
     port = free_port()
     log = args.out / "streamlit.log"
     with log.open("w") as out:
@@ -105,11 +115,10 @@ def main() -> None:
             page.goto(url, wait_until="domcontentloaded")
             page.wait_for_selector(CHART, timeout=300_000)
             set_run(page, args.steps, args.seeds)
-            titles = page.get_by_role("tab").all_inner_texts()
-            if args.tabs:
-                titles = [t for t in titles if t in args.tabs.split(",")]
-            prepare = {"Corpus": lambda pg: open_corpus(pg, run_dir.resolve())}
-            shots = screenshot_tabs(page, args.out, titles, prepare=prepare)
+            tabs = chosen_tabs(page.get_by_role("tab").all_inner_texts(), args.tabs)
+            corpus = lambda: (args.corpus or corpus_run(args.out / "corpus")).resolve()  # noqa: E731
+            prepare = {"Corpus": lambda pg: open_corpus(pg, corpus())}  # made only when shot
+            shots = screenshot_tabs(page, args.out, tabs, prepare=prepare)
             browser.close()
     finally:
         stop(server)

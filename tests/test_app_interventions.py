@@ -45,8 +45,8 @@ def test_patching_runs_on_request_and_draws_the_grid(app):
     assert "patch_heatmap" in charts(app)
     assert any(b.proto.label == "Download patching.csv" for b in app.get("download_button"))
     shown = {m.label: m.value for m in app.metric}  # the default pair's answers above the grid
-    assert shown["clean answer"] == "7" and shown["corrupted answer"] == "5"
-    assert float(shown["gap (logit_diff)"].split()[0]) >= 1.0
+    assert shown["clean answer"] == "'7'" and shown["corrupted answer"] == "'5'"
+    assert float(shown["gap (logit difference)"].split()[0]) >= 1.0
 
 
 def test_a_replacement_of_several_tokens_is_a_message(app):

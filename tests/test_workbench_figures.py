@@ -116,7 +116,7 @@ def test_seed_overlay_and_spread_curves(traj):
     last = chosen[chosen.step == chosen.step.max()].set_index("position").spread
     in_legend = [t.name for t in tokens if t.showlegend]
     assert in_legend == [position_labels(traj.tokens, 8)[int(last.idxmax())]]
-    assert "attractor_distance" in curves.layout.annotations[0].text
+    assert "attractor distance" in curves.layout.annotations[0].text
 
 
 def test_lens_figures(lens_frame):

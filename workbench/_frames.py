@@ -100,13 +100,19 @@ def token_display_strings(tokenizer: object, ids: Sequence[int]) -> list[str]:
     return texts
 
 
+def shown_token(text: str) -> str:
+    """One token as every table, label and hover text shows it: in quotes, so a space or an empty
+    token is visible, with `printable` escapes (``' m'``, ``'\\n'``, ``'<0xE4>'``)."""
+    return f"'{printable(text)}'"
+
+
 def position_labels(tokens: Sequence[str] | None, n: int, width: int = 40) -> list[str]:
-    """Unique display labels "i: 'token'" for n positions, the token in `printable` escapes and
-    cut to ``width`` characters (the position alone when no tokens are given): the one label
-    format of figures and the app."""
+    """Unique display labels "i: 'token'" for n positions, the token as `shown_token` and cut to
+    ``width`` characters (the position alone when no tokens are given): the one label format of
+    figures and the app."""
     if tokens is None:
         return [str(i) for i in range(n)]
-    return [f"{i}: '{printable(t)}'"[:width] for i, t in enumerate(token_labels(tokens, n))]
+    return [f"{i}: {shown_token(t)}"[:width] for i, t in enumerate(token_labels(tokens, n))]
 
 
 def position_step_frame(

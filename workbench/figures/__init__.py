@@ -1,5 +1,6 @@
 """Plotly figure builders: each takes DataFrames / arrays and returns a ``plotly.graph_objects.Figure``."""
 
+from ._style import VALUE_WORDS, words
 from .aligned import aligned_embeddings_figure
 from .convergence import convergence_heatmap
 from .corpus import (
@@ -19,6 +20,7 @@ from .wavefront import wavefront_heatmap
 __all__ = [
     "ATTRACTOR_NOTE",
     "LOSS_NOTE",
+    "VALUE_WORDS",
     "ablation_control_figure",
     "aligned_embeddings_figure",
     "checkpoint_series_figure",
@@ -41,4 +43,5 @@ __all__ = [
     "token_correlation_curve",
     "waterfall_3d",
     "wavefront_heatmap",
+    "words",
 ]

@@ -7,9 +7,32 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative, sample_colorscale
 
-from .._frames import printable
+from .._frames import shown_token
 
 STEP_COLORSCALE = "Viridis"
+# the words figures and the app show for the analyses' column names
+VALUE_WORDS = {
+    "final_prob": "probability of the final top token",
+    "kl_to_final": "KL to the final distribution",
+    "entropy": "entropy (nats)",
+    "final_rank": "rank of the final top token",
+    "distance_to_final": "distance to the final state",
+    "relative_step": "relative step ‖s_i − s_i−1‖ / ‖s_i‖",
+    "acceleration": "acceleration ‖Δ_i − Δ_i−1‖ / ‖s_i‖",
+    "delta_norm": "step length ‖Δ_i‖",
+    "delta_cosine": "cosine of successive steps",
+    "spread": "spread between seeds",
+    "attractor_distance": "attractor distance",
+    "final_spread": "spread at the last step",
+    "restored": "share restored",
+    "logit_diff": "logit difference",
+    "logprob": "log-probability",
+}
+
+
+def words(name: str) -> str:
+    """How a column or parameter name is shown: `VALUE_WORDS`, else its words unjoined."""
+    return VALUE_WORDS.get(name, name.replace("_", " "))
 
 
 def step_path(
@@ -113,7 +136,7 @@ def token_lines(
     legend = []
     for (pos, tok), group in frame.groupby(["position", "token"], sort=True):
         g = group.sort_values("step")
-        label = f"{pos}: '{printable(tok)}'"[:40]
+        label = f"{pos}: {shown_token(tok)}"[:40]
         shown = pos in highlighted
         line = (
             dict(color=palette[highlighted.index(pos) % len(palette)], width=2)
@@ -124,7 +147,7 @@ def token_lines(
             go.Scatter(
                 x=g["step"], y=g[value], mode="lines", name=label, line=line, showlegend=shown,
                 legendrank=100 + highlighted.index(pos) if shown else None,
-                hovertemplate=f"{label}<br>step %{{x}}<br>{value} %{{y:.3g}}<extra></extra>",
+                hovertemplate=f"{label}<br>step %{{x}}<br>{words(value)} %{{y:.3g}}<extra></extra>",
             )
         )  # fmt: skip
         if shown:

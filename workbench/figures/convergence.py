@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .._frames import position_labels
-from ._style import log_colour
+from ._style import log_colour, words
 
 
 def frame_matrix(frame: pd.DataFrame, value: str) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -32,7 +32,7 @@ def convergence_heatmap(
     """Heatmap of ``value`` (a ``convergence`` column) with token labels; log10 colour by default."""
     matrix, labels, steps = frame_matrix(frame, value)
     colour = matrix
-    colorbar: dict = dict(title=value)
+    colorbar: dict = dict(title=words(value))
     if log:
         colour, ticks = log_colour(matrix)
         colorbar.update(ticks)
@@ -44,11 +44,13 @@ def convergence_heatmap(
             customdata=matrix,
             colorscale="Viridis",
             colorbar=colorbar,
-            hovertemplate="%{y}<br>step %{x}<br>" + value + " %{customdata:.4g}<extra></extra>",
+            hovertemplate="%{y}<br>step %{x}<br>"
+            + words(value)
+            + " %{customdata:.4g}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=title or f"{value} per token and step" + (" (log scale)" if log else ""),
+        title=title or f"{words(value)} per token and step" + (" (log scale)" if log else ""),
         xaxis_title="step",
         yaxis=dict(title="token", autorange="reversed", type="category"),
         height=max(300, 18 * len(labels) + 120),

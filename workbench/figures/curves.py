@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .._frames import position_labels
-from ._style import LEGEND_TOP_K, log_axis, token_lines
+from ._style import LEGEND_TOP_K, log_axis, token_lines, words
 
 
 def steps_per_token_bars(
@@ -55,9 +55,9 @@ def step_curves(
     n = chosen["position"].nunique()
     note = f" (legend: the {top_k} largest at the last step of {n}; hover for the rest)"
     fig.update_layout(
-        title=f"{value} per step" + (note if n > top_k else ""),
+        title=f"{words(value)} per step" + (note if n > top_k else ""),
         xaxis_title="step",
-        yaxis=log_axis(chosen[value], value) if log else dict(title=value),
+        yaxis=log_axis(chosen[value], words(value)) if log else dict(title=words(value)),
         height=420,
     )
     return fig

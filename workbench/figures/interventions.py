@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .._frames import printable
-from ._style import short_number
+from .._frames import shown_token
+from ._style import short_number, words
 
 KL_COLOUR, DELTA_COLOUR = "#1f77b4", "#d62728"
 
@@ -30,7 +30,7 @@ def patching_heatmap(
     table = frame.pivot(index="position", columns="step", values=value).sort_index()
     tokens = frame.drop_duplicates("position").set_index("position").token
     labels = [
-        "all positions" if p < 0 else f"{p}: '{printable(tokens[p])}'"[:40]
+        "all positions" if p < 0 else f"{p}: {shown_token(tokens[p])}"[:40]
         for p in table.index.to_list()
     ]
     matrix = table.to_numpy(dtype=float)
@@ -46,13 +46,13 @@ def patching_heatmap(
             zmax=span,
             colorscale="RdBu",
             reversescale=True,
-            colorbar=dict(title=value),
-            hovertemplate="%{y}<br>step %{x}<br>" + value + " %{z:.3f}<extra></extra>",
+            colorbar=dict(title=words(value)),
+            hovertemplate="%{y}<br>step %{x}<br>" + words(value) + " %{z:.3f}<extra></extra>",
         )
     )
     fig.update_layout(
         title=dict(
-            text=(title or f"Activation patching: {value} per patched position and step")
+            text=(title or f"Activation patching: {words(value)} per patched position and step")
             + (f"<br><sup>{gap_note}</sup>" if gap_note else "")
         ),
         xaxis=dict(title="step", type="category"),
@@ -67,7 +67,7 @@ def _gap_note(frame: pd.DataFrame) -> str:
     if not {"clean", "corrupted"} <= set(frame.columns) or frame.empty:
         return ""
     clean, corrupted = float(frame["clean"].iloc[0]), float(frame["corrupted"].iloc[0])
-    metric = frame.attrs.get("metric", "m")
+    metric = words(frame.attrs.get("metric", "m"))
     return f"{metric}: clean {clean:.3g}, corrupted {corrupted:.3g}, gap {clean - corrupted:.3g}"
 
 
@@ -97,7 +97,7 @@ def steering_sweep_figure(frame: pd.DataFrame, title: str | None = None) -> go.F
     frame); hover shows the steered top token."""
     _need(frame, ("alpha", "kl", "logprob_change", "top_token"), "steering_sweep_figure")
     fig = go.Figure()
-    text = [f"top token {t!r}" for t in frame.top_token]
+    text = [f"top token {shown_token(t)}" for t in frame.top_token]
     fig.add_scatter(
         x=frame.alpha, y=frame.kl, mode="lines+markers", name="KL", text=text,
         line=dict(color=KL_COLOUR),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from .._frames import printable
-from ._style import log_colour, short_number
+from .._frames import shown_token
+from ._style import log_colour, short_number, words
 from .convergence import frame_matrix
 
 LOG_VALUES = ("final_rank", "kl_to_final")
@@ -27,12 +27,12 @@ def lens_heatmap(
         frame["step"] = frame["step"] + frame["sublayer"] / n_sub
     matrix, labels, steps = frame_matrix(frame, value)
     top1 = frame.pivot(index="position", columns="step", values="top1_token").sort_index()
-    top1 = top1.map(lambda t: printable(t) if isinstance(t, str) else "")
-    colorbar: dict = dict(title=value)
+    top1 = top1.map(lambda t: shown_token(t) if isinstance(t, str) else "")
+    colorbar: dict = dict(title=words(value))
     colour = matrix
     if value in LOG_VALUES:
         colour, ticks = log_colour(matrix)
-        colorbar.update(ticks, title=f"{value} (log scale)")
+        colorbar.update(ticks, title=f"{words(value)} (log scale)")
     fig = go.Figure(
         go.Heatmap(
             z=colour,
@@ -45,12 +45,12 @@ def lens_heatmap(
             reversescale=value in ("kl_to_final", "entropy", "final_rank"),
             colorbar=colorbar,
             hovertemplate="%{y}<br>step %{x}<br>top-1 %{text}<br>"
-            + value
+            + words(value)
             + " %{customdata:.4g}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=title or f"lens: {value}",
+        title=title or f"lens: {words(value)} (each cell: the lens's top token)",
         xaxis_title="step",
         yaxis=dict(title="token", autorange="reversed", type="category"),
         height=max(300, 22 * len(labels) + 120),
@@ -69,7 +69,7 @@ def lens_table(frame: pd.DataFrame, position: int) -> go.Figure:
     if "sublayer" in rows.columns:
         step = step + "." + rows["sublayer"].astype(str)
     topk = [
-        ", ".join(f"'{printable(t)}' {short_number(float(p))}" for t, p in zip(ts, ps))
+        ", ".join(f"{shown_token(t)} {short_number(float(p))}" for t, p in zip(ts, ps))
         for ts, ps in zip(rows["topk_tokens"], rows["topk_probs"])
     ]
     header = ["step", "top-k (prob)", "final rank", "final prob", "KL to final", "entropy"]
@@ -91,7 +91,7 @@ def lens_table(frame: pd.DataFrame, position: int) -> go.Figure:
     )
     token = rows["token"].iloc[0]
     fig.update_layout(
-        title=f"lens for position {position}: '{printable(token)}' (3 significant digits)",
+        title=f"lens for position {position}: {shown_token(token)} (3 significant digits)",
         height=min(900, 120 + 26 * len(rows)),
         margin=dict(l=10, r=10),
     )

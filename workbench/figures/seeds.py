@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from .._frames import position_labels
-from ._style import LEGEND_TOP_K, log_axis, token_lines
+from ._style import LEGEND_TOP_K, log_axis, token_lines, words
 
 
 def seed_overlay(
@@ -65,9 +65,11 @@ def seed_overlay(
 
 
 ATTRACTOR_NOTE = (
-    "final_spread is the last step of these curves. attractor_distance compares the seeds' last "
-    "window of states as point sets, so it also counts steps before the seeds met and can exceed it."
+    "The spread at the last step is where these curves end. The attractor distance compares the "
+    "seeds' last window of states as point sets, so it also counts steps before the seeds met "
+    "and can exceed it."
 )
+NOTE_DROP_PX = 58  # the note's top below the plot area: under the x tick labels and axis title
 
 
 def spread_curves(
@@ -96,15 +98,16 @@ def spread_curves(
     )
     token_lines(fig, chosen, value, top_k)
     fig.add_annotation(
-        text=ATTRACTOR_NOTE.replace(". ", ".<br>", 1), xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
-        xanchor="left", font=dict(size=11, color="#555"),
+        text=ATTRACTOR_NOTE.replace(". ", ".<br>", 1), xref="paper", yref="paper", x=0, y=0,
+        yanchor="top", yshift=-NOTE_DROP_PX, showarrow=False, xanchor="left", align="left",
+        font=dict(size=11, color="#555"),
     )  # fmt: skip
     fig.update_layout(
-        title=f"{value} between seeds per step",
+        title=f"{words(value)} per step",
         xaxis_title="step",
-        yaxis=log_axis(chosen[value], value),
-        height=480,
-        margin=dict(b=110),
+        yaxis=log_axis(chosen[value], words(value)),
+        height=500,
+        margin=dict(b=NOTE_DROP_PX + 60),
         showlegend=True,
     )
     return fig

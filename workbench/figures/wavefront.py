@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .._frames import printable
+from .._frames import shown_token
 
 REQUIRED = ("step", "position", "recurrence", "token", "frozen")
 FRONTIER_COLOUR = "#ff2fb9"  # magenta: visible on every Viridis colour and on the white legend
@@ -35,7 +35,7 @@ def wavefront_heatmap(
         if np.isnan(tok):
             return ""
         text = token_text.get(int(tok), str(int(tok))) if token_text else str(int(tok))
-        return f"'{printable(text)}' ({'frozen' if is_frozen is True else 'guess'})"
+        return f"{shown_token(text)} ({'frozen' if is_frozen is True else 'guess'})"
 
     hover = np.vectorize(describe, otypes=[object])(tokens.to_numpy(dtype=float),
                                                     frozen.to_numpy(dtype=object))  # fmt: skip
