@@ -169,6 +169,13 @@ class CheckpointManager:
                 pass
         return self._finish()
 
+    def drop_pending(self) -> None:
+        """Forget the save in flight without its collectives (a peer is lost): it stays an
+        unpublished staging directory, which pruning removes later."""
+        if self._pending is not None and self.ctx.is_main:
+            self.directory.done_writing(self._pending.staging)
+        self._pending = None
+
     def close(self) -> None:
         """Finish the save in flight, let pruning end, release the staging memory."""
         try:

@@ -67,6 +67,7 @@ from recurrent_model.checkpoint import (
 )
 
 from .integrity import HashingFileSystem
+from .watchdog import PUBLISH_LOCK
 
 STATE_JSON = "trainer_state.json"
 SHARDS_DIR = "shards"
@@ -319,8 +320,9 @@ class CheckpointDirectory:
         """Rename a complete staging directory into place and point ``latest`` at it. Rank 0;
         the files were synced by the ranks that wrote them, so only the directories are."""
         target = self.path(step)
-        publish_directory(staging, target, fsync_files=False)  # each writer synced its files
-        atomic_write_text(self.root / LATEST, target.name + "\n")
+        with PUBLISH_LOCK:  # a forced exit after SIGTERM waits for the publish to end
+            publish_directory(staging, target, fsync_files=False)  # each writer synced its files
+            atomic_write_text(self.root / LATEST, target.name + "\n")
         self.done_writing(staging)
         return target
 

@@ -110,7 +110,11 @@ class DistributedSection:
     shard_size: int = 0  # hsdp: ranks per shard group; 0 = the ranks of one node
     # True: checkpoint shards are written by a background thread (dcp.async_save)
     async_checkpoint: bool = False
-    timeout_minutes: int = 30
+    timeout_minutes: int = 30  # collective timeout while starting and through the first step
+    # The collective timeout from the second step on (every group): a step with its validation and
+    # its checkpoint must finish within it (--plan shows the checkpoint's seconds beside it)
+    step_timeout_s: float = 600.0
+    stop_grace_s: float = 120.0  # after SIGTERM: seconds to reach the agreed stop, else exit 143
     preflight_mb: float = 0.0  # > 0: growing all-reduces up to this size before training
 
 
@@ -207,6 +211,11 @@ class TrainConfig:
         if self.cluster.wandb_mode not in WANDB_MODES:
             raise TrainConfigError(
                 f"cluster.wandb_mode={self.cluster.wandb_mode!r}; choose from {', '.join(WANDB_MODES)}"
+            )
+        if d.timeout_minutes < 1 or d.step_timeout_s <= 0 or d.stop_grace_s <= 0:
+            raise TrainConfigError(
+                "distributed.timeout_minutes must be >= 1, distributed.step_timeout_s and "
+                "distributed.stop_grace_s > 0"
             )
         if d.shard_size < 0:
             raise TrainConfigError(f"distributed.shard_size must be >= 0, got {d.shard_size}")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +30,7 @@ from recurrent_model import RecurrentConfig, RecurrentLM
 
 from .precision import Precision
 from .slurm import set_torch_env_from_slurm, under_slurm
+from .watchdog import enable_flight_recorder
 
 if TYPE_CHECKING:
     from .strategy import Strategy
@@ -100,8 +102,12 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return torch.device(preference)
 
 
-def init_distributed(device_preference: str = "auto", timeout_minutes: int = 30) -> DistContext:
-    """Read the rank from torchrun's variables (or SLURM's) and join the process group if > 1 rank."""
+def init_distributed(
+    device_preference: str = "auto", timeout_minutes: int = 30, out: str | Path | None = None
+) -> DistContext:
+    """Read the rank from torchrun's variables (or SLURM's) and join the process group if > 1 rank,
+    with the start-up collective timeout (the trainer shortens it after the first step). On NCCL
+    with ``out``, the flight recorder dumps to OUT/stacks on a timeout (pretrain/watchdog.py)."""
     if under_slurm() and "RANK" not in os.environ:
         set_torch_env_from_slurm()
     rank = int(os.environ.get("RANK", 0))
@@ -115,6 +121,8 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: int = 30)
         kwargs: dict[str, Any] = {"timeout": timedelta(minutes=timeout_minutes)}
         if device.type == "cuda":
             kwargs["device_id"] = device
+        if backend == "nccl" and out is not None:
+            enable_flight_recorder(out)
         dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
     return DistContext(rank, local_rank, world, device, backend)
 

@@ -235,7 +235,7 @@ def train(
     from pretrain.metrics import json_safe
     from pretrain.run_lock import RunLockedError, hold_run_directory
 
-    ctx = init_distributed(config.train.device, config.distributed.timeout_minutes)
+    ctx = init_distributed(config.train.device, config.distributed.timeout_minutes, out)
     try:
         with hold_run_directory(out, ctx):
             code, summary = run_trainer(config, out, ctx, resume, max_steps, callbacks, **options)
@@ -276,11 +276,15 @@ def run_trainer(
     from pretrain.loss_guard import TrainingStopped
     from pretrain.startup_checks import StartupError
     from pretrain.trainer import RunDirectoryError, Trainer, TrainingError
+    from pretrain.watchdog import CollectiveFailure
 
     try:
         trainer = Trainer(
             config, out, ctx, resume=resume, max_steps=max_steps, callbacks=callbacks, **options
         )
+    except CollectiveFailure as exc:  # this rank's own: every rank says where it waited
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1, {}
     except (DataError, RunDirectoryError, StartupError) as exc:  # one line, not per rank
         print(f"error: {exc}", file=sys.stderr)
         return 2, {}
@@ -291,6 +295,9 @@ def run_trainer(
     stops = (CheckpointWriteError, TrainingStopped, TrainingError, MetricsFileError)
     try:
         return 0, trainer.run()
+    except CollectiveFailure as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1, {}
     except stops as exc:  # every rank stops; rank 0 says why
         if ctx.is_main:
             print(f"error: {exc}", file=sys.stderr)

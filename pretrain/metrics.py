@@ -47,20 +47,26 @@ def measure_cpu_matmul_flops(
     return speed.measure([weight], size, budget_s=seconds).flops_per_second
 
 
-def peak_flops(device: torch.device, precision_bf16: bool) -> tuple[float | None, str]:
-    """(peak FLOP/s per device, where it came from). PRETRAIN_PEAK_FLOPS overrides."""
+def peak_flops(
+    device: torch.device, precision_bf16: bool, config: RecurrentConfig, rows: int
+) -> tuple[float, str]:
+    """(peak FLOP/s per device, where it came from): PRETRAIN_PEAK_FLOPS when set, else the
+    datasheet's dense peak of a known GPU, else (the CPU, an unknown GPU) the one F.linear probe
+    (``recurrent_model.speed.linear_speed``) at the model's block shapes on ``rows`` token states
+    of the step's dtype."""
     if os.environ.get("PRETRAIN_PEAK_FLOPS"):
         return float(os.environ["PRETRAIN_PEAK_FLOPS"]), "PRETRAIN_PEAK_FLOPS"
+    unknown = ""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key in sorted(PEAK_FLOPS_BF16, key=len, reverse=True):
             if key in name:
                 peak = PEAK_FLOPS_BF16[key]
                 return (peak if precision_bf16 else peak / 2), f"table:{key}"
-        return None, f"unknown device {name!r} (set PRETRAIN_PEAK_FLOPS)"
+        unknown = f"{name!r} has no datasheet peak (set PRETRAIN_PEAK_FLOPS): "
     dtype = torch.bfloat16 if precision_bf16 else torch.float32
-    name = str(dtype).removeprefix("torch.")
-    return measure_cpu_matmul_flops(dtype=dtype), f"measured CPU {name} F.linear"
+    measured = speed.linear_speed(config=config, device=str(device), dtype=dtype, rows=rows)
+    return measured.flops_per_second, f"{unknown}measured, model shapes: {measured.describe()}"
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

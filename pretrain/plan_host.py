@@ -245,6 +245,7 @@ def _host_rows(
             f"+ {ck.export / (bandwidth * 1e9):.1f} s export ({gib(ck.export)}) {cadence}",
         ),
         checksum_row(ck, world),
+        timeout_row(config, (ck.total + ck.export) / (bandwidth * 1e9)),
         HostRow(
             "trainer state per rank",
             f"{plan.trainer_state_bytes / 1024:.1f} KiB",
@@ -265,6 +266,27 @@ def checksum_row(ck: CheckpointBytes, world: int) -> HostRow:
         f"{ck.per_rank / rate:.2f} s per rank",
         f"{HASH_NAME} while writing, at an assumed {HASH_GBS[HASH_NAME]:g} GB/s per core; a "
         f"resume verifies {gib(verify)} per rank ({verify / rate:.2f} s)",
+    )
+
+
+def timeout_row(config: TrainConfig, checkpoint_s: float) -> HostRow:
+    """The collective timeouts (pretrain/watchdog.py): the start-up length through the first step,
+    then ``distributed.step_timeout_s`` on every group, which a checkpoint's write (with its
+    export) must stay under; and SIGTERM's grace."""
+    d = config.distributed
+    note = (
+        f"from step 2 on, every group; a checkpoint with its export (~{checkpoint_s:.1f} s) runs "
+        f"under it; SIGTERM: {d.stop_grace_s:g} s to reach the stop"
+    )
+    if checkpoint_s >= d.step_timeout_s:
+        note = (
+            f"TOO SHORT: a checkpoint with its export (~{checkpoint_s:.1f} s) runs under it; "
+            "raise distributed.step_timeout_s"
+        )
+    return HostRow(
+        "collective timeout",
+        f"{d.timeout_minutes} min start-up, {d.step_timeout_s:g} s per step",
+        note,
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .config import TrainConfig
 from .rocm import frontier_environment
+from .watchdog import flight_recorder_env
 
 DEFAULT_PORT = 29500
 
@@ -167,9 +168,31 @@ def sbatch_script(config: TrainConfig, config_path: str, overrides: list[str] | 
             f"        python pretrain/prepare.py {_quoted(common)} --workers {workers}",
             "fi",
             "",
+            *flight_recorder_lines(c.out),
             *rank_step(config, f"python pretrain/launch.py {_quoted([*common, '--resume'])}"),
         ]
     )
+
+
+def flight_recorder_lines(out: str) -> list[str]:
+    """Script lines for RCCL's (NCCL's) flight recorder: each rank keeps its last collectives and
+    dumps them on a collective timeout to OUT/stacks/nccl_trace_rank_<k>, beside the Python stack
+    dumps (pretrain/watchdog.py)."""
+    stacks = f"$(realpath -m {shlex.quote(out)})/stacks"
+    env = flight_recorder_env("OUT")
+    prefix = "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+    return [
+        "# RCCL's flight recorder: each rank's last collectives, dumped on a collective timeout",
+        "# beside the ranks' Python stack dumps (OUT/stacks).",
+        f'mkdir -p "{stacks}"',
+        *(
+            f'export {key}="{stacks}/nccl_trace_rank_"'
+            if key in prefix
+            else f"export {key}={value}"
+            for key, value in env.items()
+        ),
+        "",
+    ]
 
 
 def job_preamble(

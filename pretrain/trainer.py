@@ -65,6 +65,7 @@ from .resume import (
 from .schedule import Schedule
 from .startup_checks import check_fused_attention
 from .strategy import from_config
+from .watchdog import Watchdog, process_groups, set_collective_timeout
 
 HEALTH_HOOKS = (hook_names.STATE, hook_names.E, hook_names.LATENT, hook_names.FINAL_NORM)
 
@@ -143,7 +144,33 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if config.train.threads:
             torch.set_num_threads(int(config.train.threads))
-        self._build(resume)
+        self._limit = 60.0 * config.distributed.timeout_minutes  # the collective timeout now
+        self.watchdog = Watchdog(self.out, ctx.rank, config.distributed.stop_grace_s)
+        try:
+            self._arm("start-up")
+            self._build(resume)
+            self.watchdog.disarm()
+        except Exception as exc:
+            self.watchdog.close()
+            failure = self.watchdog.failure(exc, self._limit)
+            if failure is None:
+                raise
+            raise failure from exc
+
+    def _arm(self, label: str) -> None:
+        """Watch a phase of a multi-rank run: a stack dump when it outlasts the collective
+        timeout (pretrain/watchdog.py)."""
+        if self.ctx.distributed:
+            self.watchdog.arm(label, self._limit)
+
+    def _shorten_timeouts(self) -> None:
+        """After the first step of a launch: every group's collectives (the checkpoints' too)
+        time out after ``distributed.step_timeout_s`` instead of the start-up length."""
+        seconds = self.config.distributed.step_timeout_s
+        if self.ctx.distributed:
+            self.ctx.barrier()  # no rank waits under the short timeout on one still in step 1
+            set_collective_timeout(process_groups(self.model, [self.checkpoints.group]), seconds)
+        self._limit = seconds
 
     # Set-up ----------------------------------------------------------------------------------------
     def _build(self, resume: bool) -> None:
@@ -188,7 +215,9 @@ class Trainer:
             t.micro_batch_size * t.grad_accum * self.prepared.block_size * self.ctx.world_size
         )
         self.resumed_from = latest
-        self.peak, self.peak_source = peak_flops(self.device, self.bf16)
+        self.peak, self.peak_source = peak_flops(
+            self.device, self.bf16, self.model_config, t.micro_batch_size * cfg.data.block_size
+        )
 
     def _build_model(self) -> None:
         """The model on this rank's device, wrapped for the strategy, and its optimizer."""
@@ -388,6 +417,8 @@ class Trainer:
                         flush=True,
                     )
                 break
+        if previous and self.ctx.distributed:  # SIGTERM's deadline, for a rank blocked in a
+            self.watchdog.watch_signals()  # collective (one process has none to block in)
         return previous
 
     # One optimizer step ----------------------------------------------------------------------------
@@ -572,7 +603,10 @@ class Trainer:
         """Train from the current step to the stop step; checkpoints, validation and telemetry.
         The callbacks see the start and the summary."""
         notify(self.callbacks, "on_run_start", self)
-        summary = self._train()
+        try:
+            summary = self._train()
+        finally:
+            self.watchdog.close()
         notify(self.callbacks, "on_run_end", self, summary)
         return summary
 
@@ -590,9 +624,16 @@ class Trainer:
         profiler = StepProfiler(self.train_cfg.profile_steps, self.out, self.ctx.rank)
         try:
             record = self._loop(bar, profiler)
+            self._arm("the last checkpoint")
             if self._saved_step != self.step:
                 self.save(final=self.step >= self.stop_at)
             self.checkpoints.wait()
+        except Exception as exc:
+            failure = self.watchdog.failure(exc, self._limit)
+            if failure is None:
+                raise
+            self.checkpoints.drop_pending()  # its collectives would wait on the lost peer
+            raise failure from exc
         finally:
             profiler.close()
             if bar is not None:
@@ -607,6 +648,7 @@ class Trainer:
         """The steps until the stop step or an agreed signal; returns the last record."""
         record: dict[str, Any] = {}
         while self.step < self.stop_at:
+            self._arm(f"step {self.step + 1}")
             notify(self.callbacks, "on_step_start", self)
             record = self._guarded_step()
             notify(self.callbacks, "on_step_end", self, record)
@@ -616,8 +658,12 @@ class Trainer:
             self._evaluate(record, at_end)
             self.metrics.log(record, at_end)
             self._show(bar, record)
-            if self._checkpoint(at_end, bar):
+            stop = self._checkpoint(at_end, bar)
+            self.watchdog.disarm()
+            if stop:
                 break
+            if self.step == self._first_step + 1:
+                self._shorten_timeouts()
         return record
 
     def _guarded_step(self) -> dict[str, Any]:
@@ -659,6 +705,8 @@ class Trainer:
         got SIGTERM/SIGUSR1 (agreed by a collective). True: stop now."""
         stop = self.ctx.any(self._signal is not None)
         self.checkpoints.poll()
+        if stop:
+            self.watchdog.stop_agreed()  # the save below runs under the collective timeout
         if self.step % self.train_cfg.checkpoint_every == 0 or at_end or stop:
             self.save(final=at_end)
         if stop:

@@ -46,8 +46,15 @@ def test_script_has_the_cluster_pieces_in_order():
     ]
     positions = [script.index(p) for p in pieces]
     assert positions == sorted(positions)
-    assert 'export TORCHINDUCTOR_CACHE_DIR="/tmp/huginn-${SLURM_JOB_ID}/' in script
-    assert 'export MIOPEN_USER_DB_PATH="/tmp/huginn-${SLURM_JOB_ID}/' in script
+    # the Frontier config puts the venv and the caches on the node's NVMe
+    assert "#SBATCH -C nvme" in script
+    assert "export NODE_TMP=/mnt/bb/${USER}/huginn-${SLURM_JOB_ID}" in script
+    assert 'export TORCHINDUCTOR_CACHE_DIR="/mnt/bb/${USER}/huginn-${SLURM_JOB_ID}/' in script
+    assert 'export MIOPEN_USER_DB_PATH="/mnt/bb/${USER}/huginn-${SLURM_JOB_ID}/' in script
+    assert 'export VIRTUAL_ENV="$NODE_TMP/.venv"' in script
+    without = _script(["cluster.nvme=false"])  # nvme only where the config asks for it
+    assert "-C nvme" not in without and "/mnt/bb" not in without
+    assert 'export TORCHINDUCTOR_CACHE_DIR="/tmp/huginn-${SLURM_JOB_ID}/' in without
     assert 'export RUN_CACHE="$(realpath -m runs/huginn-3.5b)/cache"' in script
     assert "--workers 8" in _script(["data.workers=8"])
 
@@ -100,7 +107,7 @@ def test_script_runs_against_stand_in_slurm_commands(tmp_path, nvme):
                 *(
                     ["cluster.nvme=true", f"cluster.node_local_dir={tmp_path / 'bb'}"]
                     if nvme
-                    else []
+                    else ["cluster.nvme=false"]  # the Frontier config asks for the NVMe
                 ),
             ],
         ),

@@ -65,7 +65,7 @@ def test_slurm_script_is_complete():
         "srun -N 512 -n 4096 --ntasks-per-node=8 -c 7 --gpus-per-task=1 --gpu-bind=closest"
         in script
     )
-    assert "#SBATCH -C nvme" not in script  # only when cluster.nvme asks
+    assert "#SBATCH -C nvme" in script  # the Frontier config asks for the node-local NVMe
     assert "--resume" in script and "--set train.lr=1e-4" in script
     for module in ("PrgEnv-gnu", "rocm", "craype-accel-amd-gfx90a"):
         assert f"module load {module}" in script
@@ -75,10 +75,14 @@ def test_slurm_script_is_complete():
         'WANDB_MODE="${WANDB_MODE:-offline}"',
         'NCCL_NET_GDR_LEVEL="3"',
         'FI_CXI_ATS="0"',
-        'TORCHINDUCTOR_CACHE_DIR="/tmp/',
-        'MIOPEN_USER_DB_PATH="/tmp/',
+        'TORCHINDUCTOR_CACHE_DIR="/mnt/bb/${USER}/',
+        'MIOPEN_USER_DB_PATH="/mnt/bb/${USER}/',
+        "TORCH_NCCL_TRACE_BUFFER_SIZE=2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
+        'TORCH_FR_DUMP_TEMP_FILE="$(realpath -m runs/huginn-3.5b)/stacks/nccl_trace_rank_"',
     ):
         assert f"export {var}" in script
+    assert script.index("TORCH_NCCL_DUMP_ON_TIMEOUT") < script.index("python pretrain/launch.py")
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
@@ -143,3 +147,41 @@ def test_frontier_environment_and_gdr_switch():
 
 def test_strip_nproc():
     assert strip_nproc(["--nproc", "2", "--out", "x", "--nproc=3"]) == ["--out", "x"]
+
+
+def test_collective_timeouts_are_configured_and_checked():
+    d = load_config(None).distributed
+    assert d.timeout_minutes * 60 > d.step_timeout_s > 0 and d.stop_grace_s > 0
+    for bad in ("step_timeout_s=0", "stop_grace_s=-1", "timeout_minutes=0"):
+        with pytest.raises(TrainConfigError, match="distributed.step_timeout_s"):
+            load_config(None, [f"distributed.{bad}"])
+
+
+def test_the_flight_recorder_is_set_for_nccl_unless_the_user_set_it(tmp_path):
+    from pretrain.watchdog import enable_flight_recorder
+
+    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
+    enable_flight_recorder(tmp_path / "run", environ)
+    assert environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's value stays
+    assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    prefix = str((tmp_path / "run" / "stacks" / "nccl_trace_rank_").resolve())
+    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == prefix
+    assert (tmp_path / "run" / "stacks").is_dir()
+
+
+def test_the_trainers_cpu_peak_is_the_f_linear_probe_at_the_models_shapes(monkeypatch):
+    import torch
+
+    from pretrain.metrics import peak_flops
+    from recurrent_model import speed
+
+    monkeypatch.delenv("PRETRAIN_PEAK_FLOPS", raising=False)
+    config = load_config(None).model_config()
+    peak, source = peak_flops(torch.device("cpu"), False, config, rows=64)
+    probe = speed.linear_speed(config=config, device="cpu", dtype="float32", rows=64)
+    assert peak == probe.flops_per_second  # the same measurement, held by the probe
+    assert "F.linear, float32, cpu, 64 rows" in source and source.startswith("measured")
+    shapes = set(config.cost.block_shapes().values())
+    assert probe.shapes and all(
+        any(o <= s_o and i == s_i for s_o, s_i in shapes) for o, i in probe.shapes
+    )

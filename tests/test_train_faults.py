@@ -485,6 +485,156 @@ def test_disk_full_on_one_rank_stops_every_rank_with_one_named_error(base, tmp_p
     assert "shards/shard-00002-model-00002-of-00002.safetensors (optimizer shard) is missing" in err
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_two_ranks(base, run: Path, *overrides: str) -> list[subprocess.Popen]:
+    """Ranks 0 and 1 of a bucketed run (its all-reduces are Python calls a stack names), started
+    without torchrun so that a test signals each; rank 1 stalls at the start of step 2
+    (tests/hang_callbacks.py). Each rank's output goes to OUT/out<rank>.txt."""
+    run.mkdir()
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO / 'tests'}{os.pathsep}{REPO}",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE="2",
+        PRETRAIN_PEAK_FLOPS="1e11",
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [sys.executable, "pretrain/launch.py", "--config", str(base[1]), "--out", str(run)]
+    cmd += ["--callback", "hang_callbacks:stall_rank_1"]
+    for o in ("distributed.strategy=bucketed", "distributed.timeout_minutes=1", *overrides):
+        cmd += ["--set", o]
+    return [
+        subprocess.Popen(
+            cmd,
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            cwd=REPO,
+            stdout=open(run / f"out{r}.txt", "w"),  # noqa: SIM115 - the child holds it
+            stderr=subprocess.STDOUT,
+        )
+        for r in (0, 1)
+    ]
+
+
+def wait_for_step_2(run: Path, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 180
+    while not all((run / f"step2-rank{r}").is_file() for r in (0, 1)):
+        alive = all(p.poll() is None for p in procs)
+        assert alive and time.monotonic() < deadline, (run / "out0.txt").read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_makes_its_peer_stop_after_the_step_timeout(base, tmp_path):
+    """The collective timeout is the start-up one (60 s) through step 1 and the step's (3 s) on
+    every group after it. Rank 1 stalls at step 2: rank 0 stops with a named error in about the
+    step timeout, each rank's stack dump names where it waited (rank 0: the all-reduce; rank 1:
+    its stall), and rank 1 stops with a named error when it finds rank 0 gone."""
+    run = tmp_path / "timeout"
+    procs = start_two_ranks(base, run, "distributed.step_timeout_s=3")
+    try:
+        wait_for_step_2(run, procs)
+        started = time.monotonic()
+        procs[0].wait(timeout=60)
+        waited = time.monotonic() - started
+        (run / "stop-stalling").touch()
+        procs[1].wait(timeout=60)
+    finally:
+        kill_all(procs)
+    out0, out1 = ((run / f"out{r}.txt").read_text() for r in (0, 1))
+    assert [p.returncode for p in procs] == [1, 1], out0[-3000:] + out1[-3000:]
+    assert 3 <= waited < 30, waited  # the step timeout, not the 60 s start-up one
+    for r in (0, 1):
+        assert json.loads((run / f"timeouts{r}.json").read_text()) == {
+            "default": 3.0,
+            "checkpoints": 3.0,
+        }
+    said = "error: rank 0: step 2: a collective timed out in all_reduce (torch/distributed/"
+    assert said in out0 and "called from bucketed_all_reduce.<locals>.flush (pretrain/" in out0
+    assert f"every thread's stack in {run / 'stacks' / 'rank0.txt'}" in out0
+    assert f'File "{REPO / "pretrain"}' not in out0  # one line, no traceback
+    stacks0 = (run / "stacks" / "rank0.txt").read_text()
+    assert "step 2 has run" in stacks0 and "it waits in all_reduce" in stacks0
+    assert "in bucketed_all_reduce" in stacks0 and "Timed out waiting 3000ms" in stacks0
+    stacks1 = (run / "stacks" / "rank1.txt").read_text()
+    assert "rank 1: step 2 has run" in stacks1 and "it waits in stall_in_rank_1" in stacks1
+    assert "error: rank 1: step 2: a collective" in out1
+    assert ck.CheckpointDirectory(run / "checkpoints").steps() == []
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_rank_blocked_in_a_collective_in_bounded_time(base, tmp_path):
+    """Rank 0 waits in an all-reduce for rank 1, which stalls. SIGTERM to both: the handler
+    cannot run while the collective blocks, so each rank's watchdog writes its stacks and one
+    line and exits 143 after distributed.stop_grace_s (2 s); nothing is published."""
+    run = tmp_path / "term"
+    procs = start_two_ranks(base, run, "distributed.stop_grace_s=2")
+    try:
+        wait_for_step_2(run, procs)
+        time.sleep(1.0)  # rank 0 reaches its all-reduce
+        started = time.monotonic()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        kill_all(procs)
+    out0, out1 = ((run / f"out{r}.txt").read_text() for r in (0, 1))
+    assert [p.returncode for p in procs] == [143, 143], out0[-3000:] + out1[-3000:]
+    assert 2 <= took < 15, took
+    said = "error: rank 0: SIGTERM 2 s ago and step 2 has not reached the ranks' agreed stop "
+    assert said + "(it waits in all_reduce (torch/distributed/" in out0
+    assert "called from bucketed_all_reduce" in out0 and "exiting 143 without a checkpoint" in out0
+    assert "(it waits in stall_in_rank_1 (tests/hang_callbacks.py:" in out1
+    assert "bucketed_all_reduce" in (run / "stacks" / "rank0.txt").read_text()
+    assert "stall_in_rank_1" in (run / "stacks" / "rank1.txt").read_text()
+    assert ck.CheckpointDirectory(run / "checkpoints").steps() == []
+
+
+def test_a_phase_past_its_timeout_dumps_every_thread_then_says_it_finished(tmp_path, capfd):
+    """The watchdog in one process: a phase armed for 0.2 s that runs 1 s is dumped once, naming
+    where the training thread waits, and the dump then says when the phase ended."""
+    from pretrain.watchdog import Watchdog
+
+    watchdog = Watchdog(tmp_path, rank=3, grace_s=60)
+    try:
+        watchdog.arm("step 7", 0.2)
+        time.sleep(1.0)
+        watchdog.disarm()
+    finally:
+        watchdog.close()
+    dump = (tmp_path / "stacks" / "rank3.txt").read_text()
+    assert dump.count("rank 3: step 7 has run") == 1
+    here = "it waits in test_a_phase_past_its_timeout_dumps_every_thread_then_says_it_finished"
+    assert here in dump and "thread pretrain-watchdog" in dump and "thread MainThread" in dump
+    assert "rank 3: step 7 finished after 1." in dump
+    assert "rank 3: step 7 has run" in capfd.readouterr().err
+
+
+def test_the_plan_shows_the_collective_timeouts(base):
+    code, out, err = run_launch("--config", str(base[1]), "--plan")
+    assert code == 0, out + err
+    [row] = [line for line in out.splitlines() if line.startswith("collective timeout")]
+    assert "30 min start-up, 600 s per step" in row and "from step 2 on, every group" in row
+    code, out, err = run_launch(
+        "--config", str(base[1]), "--plan", "--set", "distributed.step_timeout_s=1e-6"
+    )
+    assert "TOO SHORT" in out and "raise distributed.step_timeout_s" in out
+
+
 # Publishing at scale -----------------------------------------------------------------------------
 def test_rank_0_publishes_without_syncing_the_ranks_files(base, tmp_path, monkeypatch):
     """Each rank syncs the files it writes (DCP's shards, its state file); the publish on rank 0
