@@ -56,6 +56,7 @@ def flight_recorder_env(out: str | Path) -> dict[str, str]:
     return {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",  # the dump on a timeout needs it (torch's default)
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
     }
