@@ -183,6 +183,11 @@ def _select_row() -> None:
         st.session_state["corpus_opened"] = open_row(run, table.iloc[rows[0]])
 
 
+def in_words(value: object) -> str:
+    """A filter choice as the page shows it: a kind such as fixed_point in words."""
+    return str(value).replace("_", " ")
+
+
 def filtered(table: pd.DataFrame) -> pd.DataFrame:
     """The rows that pass the source, kind and category filters (none chosen: all)."""
     columns = st.columns(3)
@@ -196,7 +201,7 @@ def filtered(table: pd.DataFrame) -> pd.DataFrame:
         key = f"corpus_{name}"
         if key in st.session_state:  # picks from another directory that this one lacks
             st.session_state[key] = [p for p in st.session_state[key] if p in options]
-        picked = col.multiselect(label, options, key=key, placeholder="all")
+        picked = col.multiselect(label, options, format_func=in_words, key=key, placeholder="all")
         if picked:
             keep &= table[name].isin(picked)
     return table[keep]
@@ -278,7 +283,7 @@ def render(ctx: Context) -> None:
     note = f"; showing the first {MAX_ROWS:,}: narrow the filters" if len(rows) > MAX_ROWS else ""
     st.caption(f"{len(rows):,} of {len(run.table):,} rows{note}. Choose a row to open it.")
     st.dataframe(
-        shown, key="corpus_table", on_select=_select_row, selection_mode="single-row",
+        shown.assign(kind=shown["kind"].map(in_words)), key="corpus_table", on_select=_select_row, selection_mode="single-row",
         hide_index=True, column_config=column_formats(shown.columns),
     )  # fmt: skip
     table_download(rows, "corpus_tokens")

@@ -27,7 +27,7 @@ TABLE_COLUMNS = {
     "period": "period (steps)",
     "angular_speed": "angular speed (rad/step)",
     "drift_speed": "drift per step",
-    "final_step_size": "last relative step",
+    "final_step_size": figures.words("final_step_size"),
 }
 
 

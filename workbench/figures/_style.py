@@ -24,6 +24,7 @@ VALUE_WORDS = {
     "spread": "spread between seeds",
     "attractor_distance": "attractor distance",
     "final_spread": "spread at the last step",
+    "final_step_size": "last relative step",
     "restored": "share restored",
     "logit_diff": "logit difference",
     "logprob": "log-probability",
