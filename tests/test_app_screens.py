@@ -161,3 +161,19 @@ def test_a_pressed_run_button_goes_with_its_result(app, monkeypatch):
     assert_clean(app)
     assert "wavefront_heatmap" in {c.key for c in app.get("plotly_chart")}
     assert not [b for b in app.button if b.key == "wf_go"]
+
+
+def test_a_corruption_that_keeps_the_answer_is_said_in_words(app, monkeypatch):
+    from apps import intervention_compute
+
+    calls = []
+    monkeypatch.setattr(intervention_compute, "answer", lambda *args: ("\\n", 0.9))
+    monkeypatch.setattr(intervention_compute, "patching", lambda *a, **k: calls.append(a))
+    show(app, "Interventions")
+    app.radio(key="intervention_tool").set_value("Patching").run()
+    app.radio(key="patch_pair").set_value("Corrupt a token of the prompt").run()
+    app.button[0].click().run()
+    assert not app.exception and not calls  # refused before the patching starts
+    warning = [w.value for w in app.warning if w.value.startswith("Both runs answer")]
+    assert warning and "'\\\\n'" in warning[0] and "logit_diff" not in warning[0]
+    app.radio(key="patch_pair").set_value("Default pair").run()
