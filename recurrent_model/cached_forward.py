@@ -1,11 +1,11 @@
 """The chunk runner: the forward recipe over a :class:`KVCache`, one chunk of positions at a time.
 
-A chunk is ``begin`` (its positions) → ``prelude`` → ``iterate`` (s_0 … s_r, as many iterations as
-wanted) → ``coda``; :meth:`ChunkRunner.run` does all four. Generation and the diffusion sampler drive
-their chunks through it. The arithmetic is :mod:`recurrent_model.stack`'s, with the model's hook points
-passed whenever a hook function is attached (so that interventions apply during generation) and
-without them otherwise (no hook dispatch: Python overhead per call dominates small models); both
-run the same ops, so their results are bit-identical.
+A chunk is ``begin`` (its positions) → :func:`stack.run` over the cache's slots. ``run`` / ``forward``
+drive a whole chunk (``forward`` with a per-step callback, and optionally without the coda);
+``prelude``, ``iterate`` and ``coda`` run parts of one (the diffusion sampler mixes its embeddings
+between them). The model's hook points are passed whenever a hook function is attached (so that
+interventions apply during generation) and not otherwise (no hook dispatch: Python overhead per
+call dominates small models); both run the same ops, so their results are bit-identical.
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from .kv_cache import KVCache
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
-
-#: Called after each core iteration with (state, step); a chunk's per-step bookkeeping.
-StepCallback = Callable[[torch.Tensor, int], None]
 
 
 class ChunkRunner:
@@ -53,35 +50,36 @@ class ChunkRunner:
         x = stack.embed(w, input_ids, hooks)
         return stack.prelude(w, x, self._rope, self.slots.prelude, hooks)
 
-    def start_state(self, state: torch.Tensor) -> torch.Tensor:
-        """s_0 of the chunk (passes ``core.hook_state`` at step 0 when hooked)."""
-        return self.hooks.state(state, 0) if self.hooks is not None else state
-
-    def core_step(self, state: torch.Tensor, e: torch.Tensor, step: int) -> torch.Tensor:
-        """s_step from s_{step−1} (step 1-based, at most the cache's max_steps)."""
-        slots = self.slots.core(step)
-        return stack.core_step(self.weights, state, e, self._rope, step, slots, self.hooks)
-
-    def iterate(
-        self,
-        state: torch.Tensor,
-        e: torch.Tensor,
-        steps: int,
-        after_step: StepCallback | None = None,
-    ) -> torch.Tensor:
-        """s_steps from s_0 = ``state``; ``after_step(s_i, i)`` after each iteration where given."""
-        state = self.start_state(state)
-        for i in range(1, steps + 1):
-            state = self.core_step(state, e, i)
-            if after_step is not None:
-                after_step(state, i)
-        return state
+    def iterate(self, state: torch.Tensor, e: torch.Tensor, steps: int) -> torch.Tensor:
+        """s_steps from s_0 = ``state`` over the chunk's prelude output ``e``."""
+        out = stack.run(self.weights, e, self._rope, steps, state, slots=self.slots,
+                        hooks=self.hooks, first=False, last=False)  # fmt: skip
+        return out.state
 
     def coda(
         self, state: torch.Tensor, last_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(float32 logits, latents = ln_f(state)); logits of the last position only if asked."""
         return stack.coda(self.weights, state, self._rope, self.slots.coda, self.hooks, last_only)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        steps: int,
+        initial: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        last_only: bool = True,
+        last: bool = True,
+        on_step: stack.OnStep | None = None,
+    ) -> stack.Outcome:
+        """One whole chunk: ``ids`` (B, T) at positions start…, s_0 = ``initial(e)``, up to
+        ``steps`` iterations (``on_step`` may stop earlier), then the coda unless ``last=False``."""
+        self.begin(start, ids.shape[1])
+        return stack.run(
+            self.weights, ids, self._rope, steps, initial, slots=self.slots, hooks=self.hooks,
+            on_step=on_step, last=last, last_only=last_only,
+        )  # fmt: skip
 
     def run(
         self,
@@ -91,9 +89,6 @@ class ChunkRunner:
         initial: Callable[[torch.Tensor], torch.Tensor],
         last_only: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One whole chunk: ``ids`` (B, T) at positions start…, s_0 = ``initial(e)``, ``steps``
-        iterations, then the coda: (logits, latents)."""
-        self.begin(start, ids.shape[1])
-        e = self.prelude(ids)
-        state = self.iterate(initial(e), e, steps)
-        return self.coda(state, last_only=last_only)
+        """One whole chunk (see :meth:`forward`): (float32 logits, latents)."""
+        out = self.forward(ids, start, steps, initial, last_only=last_only)
+        return out.logits, out.latents

@@ -45,6 +45,7 @@ from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
 
 if TYPE_CHECKING:
+    from .config import RecurrentConfig
     from .model import RecurrentLM
 
 #: The decode piece's tensor arguments, in order (see _decode_piece), and those of them that change
@@ -160,13 +161,11 @@ def _decode_piece(
     rope = rope.index_select(0, positions)
     calls = _static_slots(slots, positions, mask)
     n_prelude, n_core = len(w.prelude) if first else 0, len(w.core)
-    e = stack.prelude(w, stack.embed(w, x), rope, calls[:n_prelude]) if first else x
-    for step in range(1, num_steps + 1):  # this piece's calls: its prelude, then step by step
-        at = stack.core_call_index(n_prelude, n_core, step, 0)
-        state = stack.core_step(w, state, e, rope, step, calls[at : at + n_core])
-    if not last:
-        return state, e
-    return stack.coda(w, state, rope, calls[len(calls) - len(w.coda) :])
+    at = [stack.core_call_index(n_prelude, n_core, step, 0) for step in range(1, num_steps + 1)]
+    parts = stack.SlotList(calls[:n_prelude], [calls[i : i + n_core] for i in at],
+                           calls[len(calls) - len(w.coda) :] if last else [])  # fmt: skip
+    out = stack.run(w, x, rope, num_steps, state, slots=parts, first=first, last=last)
+    return (out.logits, out.latents) if last else (out.state, out.e)
 
 
 def _prefill_block(
@@ -360,14 +359,17 @@ class CompileState:
         self.storage = (key, storage)
         return storage
 
-    def matvec_shapes(self, w: LayerStack) -> tuple[tuple[int, int], ...]:
-        """The weight shapes of ``w`` whose batch-1 CPU products run faster as torch's
-        matrix-vector product than sum-written, each shape measured once (:func:`time_products`)."""
+    def matvec_shapes(
+        self, config: RecurrentConfig, dtype: torch.dtype
+    ) -> tuple[tuple[int, int], ...]:
+        """The weight shapes of ``config`` (its cost model's) whose batch-1 CPU products in
+        ``dtype`` run faster as torch's matrix-vector product than sum-written, each shape
+        measured once (:func:`time_products`)."""
         chosen = []
-        for shape in sorted(_projection_shapes(w)):
-            key = (shape, w.head.dtype)
+        for shape in sorted(set(config.cost.weight_shapes().values())):
+            key = (shape, dtype)
             if key not in self.products:
-                self.products[key] = time_products(shape, w.head.dtype)
+                self.products[key] = time_products(shape, dtype)
             timing = self.products[key]
             if timing["matvec"] < timing["sum"]:
                 chosen.append(shape)
@@ -446,13 +448,6 @@ class CompileState:
         return direct
 
 
-def _projection_shapes(w: LayerStack) -> set[tuple[int, int]]:
-    """Every (out, in) weight shape a token of ``w`` multiplies."""
-    blocks = (*w.prelude, *w.core, *w.coda)
-    weights = [t for b in blocks for t in (b.wqkv, b.attn_proj, b.mlp_fc, b.mlp_proj)]
-    return {(t.shape[0], t.shape[1]) for t in (*weights, w.adapter, w.head)}
-
-
 def compile_state(model: RecurrentLM) -> CompileState:
     """``model``'s :class:`CompileState` (made on first use, kept on the model)."""
     state = getattr(model, "_compile_state", None)
@@ -484,7 +479,8 @@ class CompiledDecode:
         self.weights = LayerStack.of(model)
         if cache.kv.shape[1] == 1 and model.device.type == "cpu" and mode is None:
             # batch-1 CPU decode: each projection shape as whichever product is faster here
-            self.weights = self.weights._replace(matvec=self.state.matvec_shapes(self.weights))
+            matvec = self.state.matvec_shapes(model.config, model.dtype)
+            self.weights = self.weights._replace(matvec=matvec)
         # what a decode token reads besides its ids: the whole RoPE table (the graph picks its row)
         # and one position tensor per cache position, built once instead of per token
         self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
@@ -595,10 +591,11 @@ class CompiledDecode:
                   *_: Any) -> torch.Tensor:  # fmt: skip
             return compiled(x, weights, rope, eps, kv, positions, mask)
 
+        slots = stack.SlotList(self.prelude_slots, self.core_slots, self.coda_slots)
+
         def chunk(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            e = stack.prelude(w, stack.embed(w, ids), rope, self.prelude_slots, block=block)
-            for step, slots in enumerate(self.core_slots, start=1):
-                state = stack.core_step(w, state, e, rope, step, slots, block=block)
-            return stack.coda(w, state, rope, self.coda_slots, last_only=True, block=block)
+            out = stack.run(w, ids, rope, self.num_steps, state, slots=slots, block=block,
+                            last_only=True)  # fmt: skip
+            return out.logits, out.latents
 
         return self._timed((*key, T), chunk, (state,))  # a new prompt length may compile

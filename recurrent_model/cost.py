@@ -52,7 +52,8 @@ class ModelCost:
                 "mlp_proj": (h, inter)}  # fmt: skip
 
     def weight_shapes(self) -> dict[str, tuple[int, int]]:
-        """Every distinct (out, in) projection a token multiplies: the block's, adapter, head."""
+        """Every distinct (out, in) projection a token multiplies: the block's, adapter, head (the
+        shapes the compiled decode times, ``compiled.CompileState.matvec_shapes``)."""
         h = self.config.n_embd
         return {**self.block_shapes(), "adapter": (h, 2 * h), "head": (self.config.vocab_size, h)}
 

@@ -187,6 +187,41 @@ class BlockWeights(NamedTuple):
     norm_4: torch.Tensor
 
 
+def attention_sublayer(
+    x: torch.Tensor,
+    w: BlockWeights,
+    rope: torch.Tensor,
+    eps: float,
+    cache: KVCacheSlot | None = None,
+    hooks: Sequence[ActivationHook] | None = None,
+    step: int | None = None,
+    matvec: MatvecShapes = (),
+) -> torch.Tensor:
+    """A block's first half: norm_2(x + Attn(norm_1(x))); ``hooks``: (attn_out, resid_mid)."""
+    attn_out = attention(rms_norm(x, w.norm_1, eps), w.wqkv, w.qk_bias, w.attn_proj, rope, cache,
+                         matvec)  # fmt: skip
+    if hooks is None:
+        return rms_norm(attn_out + x, w.norm_2, eps)
+    attn_out = hooks[0](attn_out, step)
+    return hooks[1](rms_norm(attn_out + x, w.norm_2, eps), step)
+
+
+def mlp_sublayer(
+    x: torch.Tensor,
+    w: BlockWeights,
+    eps: float,
+    hooks: Sequence[ActivationHook] | None = None,
+    step: int | None = None,
+    matvec: MatvecShapes = (),
+) -> torch.Tensor:
+    """A block's second half: norm_4(x + MLP(norm_3(x))); ``hooks``: (mlp_out, resid_post)."""
+    mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj, matvec)
+    if hooks is None:
+        return rms_norm(mlp_out + x, w.norm_4, eps)
+    mlp_out = hooks[0](mlp_out, step)
+    return hooks[1](rms_norm(mlp_out + x, w.norm_4, eps), step)
+
+
 def sandwich_block(
     x: torch.Tensor,
     w: BlockWeights,
@@ -197,24 +232,17 @@ def sandwich_block(
     step: int | None = None,
     matvec: MatvecShapes = (),
 ) -> torch.Tensor:
-    """One decoder layer with a norm before and after each sub-layer.
+    """One decoder layer with a norm before and after each sub-layer: :func:`attention_sublayer`,
+    then :func:`mlp_sublayer`.
 
     ``hooks`` (attn_out, resid_mid, mlp_out, resid_post) see and may replace those activations;
     ``step`` is passed to them (the core iteration, None outside the recurrence); ``matvec``: see
     :func:`linear`.
     """
-    normed = rms_norm(x, w.norm_1, eps)
-    attn_out = attention(normed, w.wqkv, w.qk_bias, w.attn_proj, rope, cache, matvec)
-    if hooks is None:
-        x = rms_norm(attn_out + x, w.norm_2, eps)
-        mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj, matvec)
-        return rms_norm(mlp_out + x, w.norm_4, eps)
-    hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post = hooks
-    attn_out = hook_attn_out(attn_out, step)
-    x = hook_resid_mid(rms_norm(attn_out + x, w.norm_2, eps), step)
-    mlp_out = gated_mlp(rms_norm(x, w.norm_3, eps), w.mlp_fc, w.mlp_proj, matvec)
-    mlp_out = hook_mlp_out(mlp_out, step)
-    return hook_resid_post(rms_norm(mlp_out + x, w.norm_4, eps), step)
+    attn_hooks = hooks[:2] if hooks is not None else None
+    mlp_hooks = hooks[2:] if hooks is not None else None
+    x = attention_sublayer(x, w, rope, eps, cache, attn_hooks, step, matvec)
+    return mlp_sublayer(x, w, eps, mlp_hooks, step, matvec)
 
 
 def adapter(

@@ -20,6 +20,7 @@ from .compiled import CompiledDecode, compile_mode, compile_state
 from .kv_cache import KVCache
 from .options import Streamer, check_int, check_prompt, replace_options, stop_tokens_for
 from .sampling import ExitCriterion, Sampler
+from .stack import StepOutcome
 
 if TYPE_CHECKING:
     from .model import RecurrentLM
@@ -267,34 +268,13 @@ class _Run:
         if crit is None:
             logits, latents = self.chunk(ids, pos, self.cfg.num_steps, warm)
             return logits[:, -1], latents, self.cfg.num_steps
-        r, cfg = self.runner, self.cfg
-        r.begin(pos, 1)
-        e = r.prelude(ids)
-        s = r.start_state(self._initial(warm)(e))
-        B = ids.shape[0]
-        steps = torch.full((B,), cfg.max_steps, dtype=torch.long, device=ids.device)
-        active = torch.ones(B, dtype=torch.bool, device=ids.device)
-        crit.reset()
-        out = None
-        for i in range(1, cfg.max_steps + 1):
-            new = r.core_step(s, e, i)
-            if i > 1:
-                new = torch.where(active[:, None, None], new, s)  # exited rows keep their state
-            if crit.needs_logits:
-                out = r.coda(new, last_only=True)
-            converged = crit(new, s, out[0][:, -1] if out is not None else None)
-            s = new
-            if cfg.min_steps <= i < cfg.max_steps:
-                exiting = converged & active
-                steps = torch.where(exiting, i, steps)
-                active = active & ~exiting
-                if not bool(active.any()):
-                    break
-        if out is None:
-            out = r.coda(s, last_only=True)
-        if int(steps.min()) < self.cache.max_steps:
-            self.cache.freeze_exits(pos, steps)
-        return out[0][:, -1], out[1], steps
+        exit_ = _AdaptiveExit(self.runner, crit, self.cfg, ids.shape[0], ids.device)
+        out = self.runner.forward(ids, pos, self.cfg.max_steps, self._initial(warm),
+                                  last=not crit.needs_logits, on_step=exit_.step)  # fmt: skip
+        logits, latents = exit_.outputs if crit.needs_logits else (out.logits, out.latents)
+        if int(exit_.steps.min()) < self.cache.max_steps:
+            self.cache.freeze_exits(pos, exit_.steps)
+        return logits[:, -1], latents, exit_.steps
 
     # Output --------------------------------------------------------------------------------------
     def emit(self, tokens: torch.Tensor, steps: torch.Tensor | int, logits: torch.Tensor) -> bool:
@@ -410,6 +390,44 @@ class _Run:
         residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p[:, m])
         corrected = sampler.draw(residual)
         return m, torch.where(run > m, draft[:, m], corrected)
+
+
+class _AdaptiveExit:
+    """The per-step policy of an adaptive-exit token (``on_step`` of :func:`stack.run`): rows whose
+    criterion converged between min_steps and max_steps keep their state; the loop stops once every
+    row has exited. ``steps`` holds each row's iterations, ``outputs`` the coda of the last state
+    when the criterion reads logits (computed here, once per step)."""
+
+    def __init__(
+        self,
+        runner: ChunkRunner,
+        criterion: ExitCriterion,
+        cfg: GenerationConfig,
+        batch: int,
+        device: torch.device,
+    ) -> None:
+        self.runner, self.criterion, self.cfg = runner, criterion, cfg
+        self.steps = torch.full((batch,), cfg.max_steps, dtype=torch.long, device=device)
+        self.active = torch.ones(batch, dtype=torch.bool, device=device)
+        self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        criterion.reset()
+
+    def step(self, i: int, new: torch.Tensor, s: torch.Tensor) -> StepOutcome:
+        """Iteration ``i`` gave ``new`` from ``s``: the state to keep, and whether every row exited."""
+        cfg, crit = self.cfg, self.criterion
+        if i > 1:
+            new = torch.where(self.active[:, None, None], new, s)  # exited rows keep their state
+        logits = None
+        if crit.needs_logits:
+            self.outputs = self.runner.coda(new, last_only=True)
+            logits = self.outputs[0][:, -1]
+        converged = crit(new, s, logits)
+        if not cfg.min_steps <= i < cfg.max_steps:
+            return StepOutcome(new)
+        exiting = converged & self.active
+        self.steps = torch.where(exiting, i, self.steps)
+        self.active = self.active & ~exiting
+        return StepOutcome(new, stop=not bool(self.active.any()))
 
 
 def _check_mask(

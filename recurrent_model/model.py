@@ -18,7 +18,6 @@ from typing import Any, Literal, overload
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from . import hook_names, stack
 from .config import ContextLengthError, RecurrentConfig
@@ -263,19 +262,19 @@ class RecurrentLM(nn.Module):
         backprop_depth: int | None = None,
     ) -> torch.Tensor:
         """Run the core num_steps times; only the last ``backprop_depth`` iterations carry gradient."""
-        state = self.hook_state(state, 0)
-        depth = split_depth(num_steps, backprop_depth)
-        if depth.no_grad:
-            with torch.no_grad():
-                for step in range(1, depth.no_grad + 1):
-                    state = self.core_step(state, e, rope, step)
-        use_ckpt = self.activation_checkpointing and torch.is_grad_enabled() and self.training
-        for step in range(depth.no_grad + 1, depth.total + 1):
-            if use_ckpt:
-                state = checkpoint(self.core_step, state, e, rope, step, use_reentrant=False)
-            else:
-                state = self.core_step(state, e, rope, step)
-        return state
+        return stack.run(
+            self.layer_stack(), e, rope, num_steps, state, first=False, last=False,
+            **self._depth_policy(num_steps, backprop_depth),
+        ).state  # fmt: skip
+
+    def _depth_policy(self, num_steps: int, backprop_depth: int | None) -> dict[str, Any]:
+        """The module forward's policy for :func:`stack.run`: its hooks and modules, truncated
+        backprop, and activation checkpointing while training with it switched on."""
+        no_grad = split_depth(num_steps, backprop_depth).no_grad
+        checkpoint = self.activation_checkpointing and torch.is_grad_enabled() and self.training
+        return dict(
+            hooks=self.stack_hooks, block=run_module, no_grad_steps=no_grad, checkpoint=checkpoint
+        )
 
     # The forward pass ----------------------------------------------------------------------------
     def forward(
@@ -303,25 +302,24 @@ class RecurrentLM(nn.Module):
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         if backprop_depth is None and self.training:
             backprop_depth = self.config.mean_backprop_depth
-        T = input_ids.shape[1]
-        rope = self.rope_at(0, T)
-        e = self.prelude(self.embed(input_ids), rope)
-        if init_state is None:
-            state = self.initial_state(e, init_scale, generator)
-        else:
+        rope = self.rope_at(0, input_ids.shape[1])
+
+        def initial(e: torch.Tensor) -> torch.Tensor:
+            if init_state is None:
+                return self.initial_state(e, init_scale, generator)
             if init_state.shape != e.shape:
                 raise ValueError(
                     f"init_state has shape {tuple(init_state.shape)}, expected {tuple(e.shape)}"
                 )
-            state = init_state.to(device=e.device, dtype=e.dtype)
-        state = self.iterate(state, e, rope, num_steps, backprop_depth)
-        logits, latents = self.coda(state, rope)
+            return init_state.to(device=e.device, dtype=e.dtype)
+
+        policy = self._depth_policy(num_steps, backprop_depth)
+        out = stack.run(self.layer_stack(), input_ids, rope, num_steps, initial, **policy)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits.flatten(0, 1), labels.flatten().to(logits.device), ignore_index=-100
-            )
-        return ModelOutput(logits, latents, state, num_steps, loss)
+            logits = out.logits.flatten(0, 1)
+            loss = F.cross_entropy(logits, labels.flatten().to(logits.device), ignore_index=-100)
+        return ModelOutput(out.logits, out.latents, out.state, num_steps, loss)
 
     # Hooks ---------------------------------------------------------------------------------------
     def hook_names(self) -> list[str]:

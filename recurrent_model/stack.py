@@ -1,12 +1,16 @@
 """The forward recipe, written once: embed → prelude → (adapter → core) × r → ln_f → coda → ln_f → head.
 
-Every way of running the model calls these functions: the module forward (``RecurrentLM``), the
-KV-cached chunks of generation and of the diffusion sampler (:class:`cached_forward.ChunkRunner`) and
-the compiled decode graphs (:mod:`compiled`). They differ only in what they pass:
+:func:`run` is the one driver of that recipe. Every way of running the model calls it: the module
+forward (``RecurrentLM``), the KV-cached chunks of generation and of the diffusion sampler
+(:class:`cached_forward.ChunkRunner`) and the compiled decode graphs (:mod:`compiled`). They differ
+only in the policy they pass:
 
-- ``slots``: the KV-cache slot of each layer call of a part (None: no cache, causal attention);
+- ``slots``: the KV-cache slot of each layer call, by part (None: no cache, causal attention);
 - ``hooks``: the model's hook points (None inside compiled graphs and on the fast cached path, where
-  no hook function is attached).
+  no hook function is attached);
+- ``block``: how one layer runs (a module, a compiled block), ``no_grad_steps`` and ``checkpoint``
+  (truncated backprop, activation checkpointing), ``on_step`` (a per-step callback, e.g. an early
+  exit), ``first`` / ``last`` (the part of the recipe a compiled piece runs) and ``last_only``.
 
 So their float32 results are bit-identical wherever they run the same ops (compiled graphs fuse them
 and agree to rounding). Layer-call indices, which name cache slots, follow :func:`core_call_index`.
@@ -18,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
+from torch.utils.checkpoint import checkpoint as checkpointed
 
 from . import functional as fn
 from .functional import BlockWeights, KVCacheSlot
@@ -30,6 +35,15 @@ Slots = Sequence[KVCacheSlot] | None
 BlockHooks = tuple["HookPoint", "HookPoint", "HookPoint", "HookPoint"]
 #: One sandwich block: (x, weights, rope, eps, slot, hooks, step) -> x, as functional.sandwich_block.
 BlockFn = Callable[..., torch.Tensor]
+
+
+class PartSlots(Protocol):
+    """The slot of every layer call of a forward, by part (:class:`CacheSlots`, :class:`SlotList`)."""
+
+    prelude: Sequence[Any]
+    coda: Sequence[Any]
+
+    def core(self, step: int) -> Sequence[Any]: ...
 
 
 class LayerCache(Protocol):
@@ -218,3 +232,87 @@ class CacheSlots:
             slots = [self.cache.slot(core_call_index(P, C, step, j)) for j in range(C)]
             self._core[step] = slots
         return slots
+
+
+class SlotList:
+    """Slots given part by part: the prelude's, the core's of each step in turn, the coda's."""
+
+    def __init__(
+        self, prelude: Sequence[Any], steps: Sequence[Sequence[Any]], coda: Sequence[Any]
+    ) -> None:
+        self.prelude, self.steps, self.coda = prelude, steps, coda
+
+    def core(self, step: int) -> Sequence[Any]:
+        """The slots of the core layers at 1-based iteration ``step``."""
+        return self.steps[step - 1]
+
+
+class StepOutcome(NamedTuple):
+    """What an ``on_step`` callback decides: the state to continue from, and whether to stop."""
+
+    state: torch.Tensor
+    stop: bool = False
+
+
+#: After core iteration ``step``: (step, s_step, s_{step−1}) -> None (go on with s_step) or a
+#: :class:`StepOutcome`.
+OnStep = Callable[[int, torch.Tensor, torch.Tensor], "StepOutcome | None"]
+
+
+class Outcome(NamedTuple):
+    """What :func:`run` returns. logits (float32) and latents = ln_f(state) are None without the
+    coda (``last=False``); state is the last raw state, e the prelude's output."""
+
+    logits: torch.Tensor | None
+    latents: torch.Tensor | None
+    state: torch.Tensor
+    e: torch.Tensor
+
+
+def run(
+    w: LayerStack,
+    x: torch.Tensor,
+    rope: torch.Tensor,
+    num_steps: int,
+    initial: torch.Tensor | Callable[[torch.Tensor], torch.Tensor],
+    *,
+    slots: PartSlots | None = None,
+    hooks: StackHooks | None = None,
+    block: BlockFn = fn.sandwich_block,
+    no_grad_steps: int = 0,
+    checkpoint: bool = False,
+    on_step: OnStep | None = None,
+    first: bool = True,
+    last: bool = True,
+    last_only: bool = False,
+) -> Outcome:
+    """The forward recipe: embed → prelude → ``num_steps`` core iterations → coda and head.
+
+    ``x`` is the token ids (B, T), or e when not ``first`` (the prelude ran elsewhere); ``initial``
+    is s_0 or makes it from e. ``last=False`` stops before the coda. The first ``no_grad_steps``
+    iterations run without gradient, the others under activation checkpointing if ``checkpoint``.
+    ``on_step`` sees each iteration's state and may replace it or stop the loop.
+    """
+    prelude_slots, coda_slots = (None, None) if slots is None else (slots.prelude, slots.coda)
+    e = prelude(w, embed(w, x, hooks), rope, prelude_slots, hooks, block) if first else x
+    state = initial(e) if callable(initial) else initial
+    if hooks is not None:
+        state = hooks.state(state, 0)
+    for step in range(1, num_steps + 1):
+        step_slots = slots.core(step) if slots is not None else None
+        args = (w, state, e, rope, step, step_slots, hooks, block)
+        if step <= no_grad_steps:
+            with torch.no_grad():
+                new = core_step(*args)
+        elif checkpoint:
+            new = checkpointed(core_step, *args, use_reentrant=False)
+        else:
+            new = core_step(*args)
+        decided = on_step(step, new, state) if on_step is not None else None
+        state = new if decided is None else decided.state
+        if decided is not None and decided.stop:
+            break
+    if not last:
+        return Outcome(None, None, state, e)
+    logits, latents = coda(w, state, rope, coda_slots, hooks, last_only, block)
+    return Outcome(logits, latents, state, e)

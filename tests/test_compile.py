@@ -281,7 +281,6 @@ def test_compile_state_is_per_model():
 
 def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monkeypatch):
     from recurrent_model import compiled as C
-    from recurrent_model.stack import LayerStack
 
     calls = []
 
@@ -292,13 +291,14 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
 
     monkeypatch.setattr(C, "time_products", fake_timing)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
-    state, w = C.CompileState(), LayerStack.of(model)
-    h = model.config.n_embd
-    assert state.matvec_shapes(w) == ((h, h),)  # the attention output projection
+    state, cfg = C.CompileState(), model.config
+    h = cfg.n_embd
+    assert state.matvec_shapes(cfg, model.dtype) == ((h, h),)  # the attention output projection
     shapes = {(3 * h, h), (h, h), (2 * model.config.intermediate_size, h), (h, 128), (h, 2 * h),
               (model.config.vocab_size, h)}  # fmt: skip
     assert sorted(calls) == sorted(shapes)
-    assert state.matvec_shapes(w) == ((h, h),) and len(calls) == len(shapes)  # cached per shape
+    assert state.matvec_shapes(cfg, model.dtype) == ((h, h),)  # cached per shape
+    assert len(calls) == len(shapes)
 
 
 def test_a_one_row_projection_kept_as_matvec_in_a_compiled_graph_gives_the_product():

@@ -174,19 +174,10 @@ class CoreMap(StateMap):
         return pieces
 
     def _attn(self, w: fn.BlockWeights) -> StateFn:
-        def attn(x: torch.Tensor) -> torch.Tensor:
-            normed = fn.rms_norm(x, w.norm_1, self.eps)
-            out = fn.attention(normed, w.wqkv, w.qk_bias, w.attn_proj, self.rope)
-            return fn.rms_norm(out + x, w.norm_2, self.eps)
-
-        return attn
+        return lambda x: fn.attention_sublayer(x, w, self.rope, self.eps)
 
     def _mlp(self, w: fn.BlockWeights) -> StateFn:
-        def mlp(x: torch.Tensor) -> torch.Tensor:
-            out = fn.gated_mlp(fn.rms_norm(x, w.norm_3, self.eps), w.mlp_fc, w.mlp_proj)
-            return fn.rms_norm(out + x, w.norm_4, self.eps)
-
-        return mlp
+        return lambda x: fn.mlp_sublayer(x, w, self.eps)
 
 
 def as_batch(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
