@@ -168,8 +168,10 @@ def first_line(error: BaseException) -> str:
 
 
 def is_collective_error(error: BaseException) -> bool:
+    """torch's distributed errors, and the plain RuntimeError gloo raises on a timeout or a lost
+    peer; never a subclass (this project's named errors may quote an OSError's "timed out")."""
     return isinstance(error, dist.DistError) or (
-        isinstance(error, RuntimeError) and bool(COLLECTIVE_ERROR.search(str(error)))
+        type(error) is RuntimeError and bool(COLLECTIVE_ERROR.search(str(error)))
     )
 
 

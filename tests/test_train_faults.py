@@ -624,6 +624,27 @@ def test_a_phase_past_its_timeout_dumps_every_thread_then_says_it_finished(tmp_p
     assert "rank 3: step 7 has run" in capfd.readouterr().err
 
 
+def test_only_a_collective_error_becomes_a_collective_failure(tmp_path):
+    """gloo's plain RuntimeError and torch's DistError are named; the project's own errors are not,
+    even when they quote a "timed out" (an NFS write, say)."""
+    import torch.distributed as dist
+
+    from pretrain.checkpoint_manager import CheckpointWriteError
+    from pretrain.watchdog import Watchdog
+
+    watchdog = Watchdog(tmp_path, rank=0, grace_s=60)
+    try:
+        timed_out = RuntimeError("[pair.cc:78] Timed out waiting 3000ms for recv operation")
+        failure = watchdog.failure(timed_out, 3)
+        assert failure is not None and "a collective timed out" in str(failure)
+        assert "Timed out waiting 3000ms" in str(failure) and "[pair.cc" not in str(failure)
+        assert watchdog.failure(dist.DistBackendError("NCCL communicator aborted"), 3) is not None
+        assert watchdog.failure(CheckpointWriteError("OSError: Connection timed out"), 3) is None
+        assert watchdog.failure(RuntimeError("shape mismatch"), 3) is None
+    finally:
+        watchdog.close()
+
+
 def test_the_plan_shows_the_collective_timeouts(base):
     code, out, err = run_launch("--config", str(base[1]), "--plan")
     assert code == 0, out + err
