@@ -13,10 +13,11 @@ from __future__ import annotations
 import gc
 import io
 import os
+import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,9 +36,10 @@ from workbench._frames import token_display_strings
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.dynamics import rotation_plane
 
-from . import cost
+from . import cost, umap_worker
 from .cached import cache_key, cached_analysis, with_key
 from .inputs import RunSettings
+from .progress import CollectProgress, TaskProgress
 
 
 def checkpoint_signature(path: Path) -> str:
@@ -99,58 +101,17 @@ def model_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-class TaskProgress:
-    """The progress bar of one heavy action, with its estimate beside it.
+def resident_bytes() -> tuple[int, str]:
+    """This process's memory as measured: resident now (/proc/self/statm on Linux), else its
+    peak resident size (``resource``), with the word for which one it is."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE"), "resident"
+    except (OSError, ValueError, IndexError):
+        import resource
 
-    Each update is a Streamlit call, so Stop (or a changed widget) ends the action at the next
-    update: workbench functions call it between batches. Created inside a cached function, the
-    bar is replayed and emptied on a cache hit; ``elapsed`` is set only when the action ran.
-    """
-
-    def __init__(
-        self, what: str, unit: str, guess: cost.CostEstimate, min_interval: float = 0.25
-    ) -> None:
-        self.what, self.unit, self.guess, self.min_interval = what, unit, guess, min_interval
-        self.elapsed: float | None = None
-        self.updates = 0
-
-    def start(self) -> None:
-        self._bar = st.progress(0.0, text=f"{self.what}: {self.guess.describe()}")
-        self._t0 = self._last = time.perf_counter()
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done < total and now - self._last < self.min_interval:
-            return  # a few updates a second are enough
-        self._last, self.updates = now, self.updates + 1
-        self._bar.progress(
-            min(done / max(total, 1), 1.0), text=self.text(done, total, now - self._t0)
-        )
-
-    def text(self, done: int, total: int, seconds: float) -> str:
-        """Done so far, and the time left: extrapolated from the action's own pace once a part
-        is done, from the estimate before."""
-        first = f"estimated {self.guess.seconds:.0f} s at the start"
-        if done <= 0:
-            return f"{self.what}: 0/{total} {self.unit} · {seconds:.0f} s of an {first}"
-        left = seconds / done * max(total - done, 0)
-        return (
-            f"{self.what}: {done}/{total} {self.unit} · {seconds:.0f} s, about {left:.0f} s "
-            f"left ({first})"
-        )
-
-    def finish(self) -> None:
-        """The action ran to its end: its time calibrates the next estimate of the same kind."""
-        self.elapsed = time.perf_counter() - self._t0
-        self._bar.empty()
-        self.guess.done(self.elapsed)
-
-
-class CollectProgress(TaskProgress):
-    """The progress bar of one collection, per run and iteration (see TaskProgress)."""
-
-    def __init__(self, what: str, guess: cost.CostEstimate, min_interval: float = 0.25) -> None:
-        super().__init__(f"Collecting {what}", "run-iterations", guess, min_interval)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak * (1 if sys.platform == "darwin" else 1024), "at most resident"
 
 
 @cached_analysis(keyed=("model",), max_entries=4)
@@ -278,22 +239,30 @@ def pca(traj, all_seeds: bool = False, n_components: int = 6):
     return coords, np.asarray(model.explained_variance_ratio_)
 
 
+def fit_in_worker(request: tuple[str, object], progress: TaskProgress | None):
+    """A UMAP fit in apps.umap_worker's process; with ``progress`` a bar follows the estimate
+    (umap reports no progress) and Stop kills the process, which frees its CPU at once."""
+    if progress is None:
+        return umap_worker.WORKER.fit(request, lambda: None)
+    progress.start()
+    coords = umap_worker.WORKER.fit(request, progress.tick_clock)
+    progress.finish()
+    return coords
+
+
 @cached_analysis(keyed=("traj",), max_entries=4)
-def umap(traj) -> np.ndarray:
-    """UMAP coordinates (steps + 1, T, 2) of seed 0, fitted on its first 50 principal components."""
-    coords, _ = workbench.project(traj.states[0], "umap", n_components=2)
-    return coords
+def umap(traj, _progress: TaskProgress | None = None) -> np.ndarray:
+    """UMAP coordinates (steps + 1, T, 2) of seed 0, fitted on its first 50 principal components
+    (in the UMAP process, see fit_in_worker)."""
+    return fit_in_worker(("umap", traj.states[0]), _progress)
 
 
-@cached_analysis(
-    keyed=("traj",),
-    max_entries=8,
-    show_spinner="Fitting AlignedUMAP (numba compiles for minutes the first time) …",
-)
-def aligned_umap(traj, position: int) -> list[np.ndarray]:
-    """One token's trajectories of every run as aligned UMAP embeddings (steps + 1, 2) each."""
-    coords, _ = workbench.aligned_umap([traj.states[k][:, position] for k in range(traj.n_runs)])
-    return coords
+@cached_analysis(keyed=("traj",), max_entries=8)
+def aligned_umap(traj, position: int, _progress: TaskProgress | None = None) -> list[np.ndarray]:
+    """One token's trajectories of every run as aligned UMAP embeddings (steps + 1, 2) each
+    (in the UMAP process, see fit_in_worker)."""
+    runs = [traj.states[k][:, position] for k in range(traj.n_runs)]
+    return fit_in_worker(("aligned", runs), _progress)
 
 
 @cached_analysis(keyed=("traj",), max_entries=16)
@@ -350,11 +319,15 @@ def lens(
     kind: str,
     _progress: TaskProgress | None = None,
 ) -> pd.DataFrame:
-    """The lens on every state of seed 0; with ``_progress`` a bar shows the estimate while it
-    runs (and its time calibrates the next lens estimate)."""
+    """The lens on every state of seed 0; with ``_progress`` a bar follows the states decoded
+    (each chunk a stop point) and its time calibrates the next lens estimate."""
+    watch = nullcontext()
     if _progress is not None:
         _progress.start()
-    with threads_for(_model):
+        # the last state is decoded first (the final prediction), then every state s_0 … s_r
+        states = traj.raw_states[0].shape[0] + 1
+        watch = _progress.counting_rows([_model.transformer.coda[-1], _model.lm_head], states)
+    with threads_for(_model), watch:
         frame = workbench.lens(_model, traj.raw_states[0], kind=kind, tokens=_tokens)
     if _progress is not None:
         _progress.finish()
@@ -425,16 +398,26 @@ def diffusion_run(
     _progress: TaskProgress | None = None,
 ) -> dict:
     """Greedy diffusion sampling: text, the wavefront frames and the summary counts; with
-    ``_progress`` a bar shows the estimate while it runs (its time calibrates the next one)."""
+    ``_progress`` a bar follows the frozen tokens, every core iteration of a pass is a stop point,
+    and the time calibrates the next estimate."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
+    frozen = [0]
+
+    def streamer(tokens: torch.Tensor, steps: torch.Tensor) -> None:
+        frozen[0] += int(tokens.numel())
+        if _progress is not None:
+            _progress(min(frozen[0], max_new_tokens), max_new_tokens)
+
+    watch = nullcontext()
     if _progress is not None:
         _progress.start()
-    with threads_for(model):
+        watch = _progress.watching(model)
+    with threads_for(model), watch:
         out = model.generate_diffusion(
             ids, max_new_tokens, num_steps=num_steps, inner_recurrence=inner_recurrence,
             headway=headway, exit_t=exit_t, freeze_strategy=freeze_strategy,
             init_scale=init_scale, max_diffusion_steps=4 * max_new_tokens * num_steps,
-            return_details=True,
+            return_details=True, streamer=streamer,
         )  # fmt: skip
     if _progress is not None:
         _progress.finish()
@@ -497,7 +480,8 @@ def checkpoint_series(
         progress = _progress
     found = checkpoint_dirs(run_dir)
     config = recurrent_model.RecurrentConfig.from_json(found[0][1] / "config.json")
-    with single_thread(config.cost.parameters < SINGLE_THREAD_PARAMS):
+    ticks = nullcontext() if _progress is None else _progress.ticking()
+    with single_thread(config.cost.parameters < SINGLE_THREAD_PARAMS), ticks:
         frame = workbench.checkpoint_series(
             run_dir, [text], num_steps=num_steps, seeds=seeds, progress=progress,
             stability=stability,

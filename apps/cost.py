@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -378,11 +377,49 @@ def numba_cache_present(package: str = "pynndescent") -> bool:
     return any(next(Path(p).rglob("*.nbi"), None) for p in spec.submodule_search_locations)
 
 
-def umap_seconds(states: int) -> tuple[float, str]:
-    """The estimated seconds of a UMAP fit over ``states`` states, and what the figure includes."""
+def umap_seconds(states: int, kind: str = "umap") -> tuple[float, str]:
+    """The estimated seconds of a UMAP fit (``kind`` "umap", or "aligned" for AlignedUMAP) over
+    ``states`` states, and what the figure includes (the fit runs in apps.umap_worker's process:
+    its first fit of each kind imports umap there and compiles that kind's functions)."""
+    from .umap_worker import WORKER
+
     fit = 1.0 + UMAP_STATE_S * states
-    if "umap" in sys.modules:
+    if kind in WORKER.fitted:
         return fit, "umap is loaded"
     if numba_cache_present():
         return fit + UMAP_IMPORT_S, "with umap's import and numba's cached compilation"
     return fit + UMAP_COMPILE_S, "with umap's import and numba's first compilation"
+
+
+_UMAP_RATIOS: dict[tuple[str, bool], float] = {}
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """The estimate of work that is not the model's (a UMAP fit): seconds, what they include,
+    and the measured / estimated time of the last such fit (``calibration``) they include."""
+
+    seconds: float
+    includes: str
+    calibration: float = 1.0
+    on_done: Callable[[float], None] | None = field(default=None, compare=False, repr=False)
+
+    def describe(self) -> str:
+        again = f", × {self.calibration:.2f} from the last fit" if self.calibration != 1.0 else ""
+        return f"≈ {self.seconds:.0f} s ({self.includes}{again})"
+
+    def done(self, elapsed: float) -> None:
+        if self.on_done is not None:
+            self.on_done(elapsed)
+
+
+def umap_estimate(states: int, kind: str = "umap") -> TimeEstimate:
+    """`umap_seconds`, calibrated by the last fit of the same kind, umap loaded or not."""
+    seconds, includes = umap_seconds(states, kind)
+    key = (kind, includes == "umap is loaded")
+    ratio = _UMAP_RATIOS.get(key, 1.0)
+
+    def record(elapsed: float) -> None:
+        _UMAP_RATIOS[key] = min(50.0, max(1 / 50, elapsed / seconds))
+
+    return TimeEstimate(ratio * seconds, includes, ratio, record)

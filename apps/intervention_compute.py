@@ -9,6 +9,7 @@ needs).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ from workbench.interventions_common import run_init
 
 from . import cost
 from .cached import cached_analysis
-from .compute import TaskProgress, estimate_flops
+from .compute import TaskProgress, estimate_flops, prompt_then_steps
 
 
 def corrupt(token_ids: tuple[int, ...], position: int, token_id: int) -> tuple[int, ...]:
@@ -63,9 +64,7 @@ def patching(
     """`workbench.patch_states` over every position (or all at once) and step, ``batch_size``
     patches per forward; with ``_progress`` a bar follows the patches (and Stop ends them between
     batches). Unhashed, so a rerun with a new bar still hits the cache."""
-    if _progress is not None:
-        _progress.start()
-    with threads_for(model):
+    with threads_for(model), _forwards(model, _progress):
         frame = workbench.patch_states(
             model, list(clean), list(corrupted), num_steps, hook=hook, positions=positions,
             direction=direction, init_scale=init_scale, seed=seed, metric=metric, target=target,
@@ -150,10 +149,15 @@ def steering(
     mode: str,
     amount: float,
     steps: tuple[int, int],
+    _progress: TaskProgress | None = None,
 ) -> dict:
-    """Effect on the last position's next-token distribution (and an α sweep when adding)."""
+    """Effect on the last position's next-token distribution (and an α sweep when adding); with
+    ``_progress`` a bar follows the forwards and every core iteration is a stop point."""
     hooks = _hooks(vector, plane, mode, amount, steps)
-    with threads_for(model):
+    with (
+        threads_for(model),
+        _forwards(model, _progress, steering_forwards(mode, amount), num_steps),
+    ):
         effect = workbench.steering_effect(model, list(token_ids), num_steps, hooks)
         sweep = None
         if mode == "add":
@@ -161,7 +165,34 @@ def steering(
             sweep = workbench.steering_sweep(
                 model, list(token_ids), num_steps, vector, alphas, steps=steps
             )
+    if _progress is not None:
+        _progress.finish()
     return {"effect": effect, "sweep": sweep}
+
+
+def _forwards(model, progress: TaskProgress | None, forwards: int = 0, num_steps: int = 0):
+    """Start ``progress`` and make every core iteration a stop point; with ``forwards`` the bar
+    counts that many passes of ``num_steps`` iterations (the core's state hook fires for s_0 …
+    s_r). Nothing without a bar."""
+    if progress is None:
+        return nullcontext()
+    progress.start()
+    if not forwards:
+        return progress.watching(model)
+    return progress.watching(model, per_unit=num_steps + 1, total=forwards)
+
+
+def steered_text_estimate(model, tokens: int, new_tokens: int, num_steps: int) -> cost.CostEstimate:
+    """The estimated time of two greedy continuations (without and with the hook), calibrated
+    by the last one: each the prompt's forward, then one forward per new token."""
+    config = model.config
+    prompt = cost.forward_flops(config, tokens, num_steps)
+    decode = cost.generation_flops(config, tokens, new_tokens, num_steps) - prompt
+    return prompt_then_steps(
+        model, "steered generation",
+        (2 * prompt, tokens, 2 * cost.forward_calls(config, num_steps)),
+        (2 * decode, 1, 2 * cost.forward_calls(config, num_steps, new_tokens)),
+    )  # fmt: skip
 
 
 @cached_analysis(keyed=("model",), max_entries=8)
@@ -175,13 +206,19 @@ def steered_text(
     amount: float,
     steps: tuple[int, int],
     max_new_tokens: int,
+    _progress: TaskProgress | None = None,
 ) -> tuple[str, str]:
-    """Greedy continuations without and with the steering hook active during generation."""
+    """Greedy continuations without and with the steering hook active during generation; with
+    ``_progress`` a bar follows the forwards (the prompt's, then one per token, twice) and every
+    core iteration is a stop point."""
     hooks = _hooks(vector, plane, mode, amount, steps)
-    with threads_for(model):
+    forwards = 2 * (1 + max_new_tokens)
+    with threads_for(model), _forwards(model, _progress, forwards, num_steps):
         base, steered = workbench.steered_generation(
             model, torch.tensor(token_ids), max_new_tokens, num_steps, hooks
         )
+    if _progress is not None:
+        _progress.finish()
     n = len(token_ids)
     tok = model.tokenizer
     return tok.decode(base[0, n:].tolist()), tok.decode(steered[0, n:].tolist())
@@ -199,9 +236,7 @@ def ablation(
 ) -> workbench.AblationResult:
     """The token's rotation plane projected out at every iteration vs ``n_random`` random planes;
     with ``_progress`` a bar follows the planes (and Stop ends them between batches)."""
-    if _progress is not None:
-        _progress.start()
-    with threads_for(model):
+    with threads_for(model), _forwards(model, _progress):
         result = workbench.ablate_subspace(
             model, list(token_ids), num_steps, position, n_random=n_random,
             batch_size=batch_size, progress=_progress,

@@ -7,13 +7,11 @@ reports progress.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import streamlit as st
 import torch
 
 import workbench
@@ -24,6 +22,7 @@ from workbench.stretch_attribution import stretch_attribution
 from . import compute, cost
 from .cached import cached_analysis
 from .inputs import RunSettings
+from .progress import TaskProgress
 
 #: A JVP costs about this many core passes (dual numbers; measured on the default checkpoint).
 JVP_PASSES = 2.0
@@ -66,9 +65,9 @@ class TokenStability:
 
 
 class StabilityBar:
-    """The stability action's progress bar, moved (a Streamlit call, so Stop ends the action
-    there) at most every ``min_interval`` seconds by every pass of each phase: the fixed-point
-    search, Arnoldi's JVPs, the Lyapunov steps and the attribution's Benettin run."""
+    """The stability action's phases on its TaskProgress: every pass of each phase (the
+    fixed-point search, Arnoldi's JVPs, the Lyapunov steps and the attribution's Benettin run)
+    moves the bar, a few times a second at most, so Stop ends the action at the next pass."""
 
     # Each phase's share of the bar: (start, end).
     PHASES = {
@@ -78,41 +77,41 @@ class StabilityBar:
         "attribution": (0.8, 1.0),
     }
 
-    def __init__(self, bar, k: int, min_interval: float | None = None) -> None:
-        self.bar = bar
-        self.min_interval = BAR_INTERVAL if min_interval is None else min_interval
+    def __init__(self, progress: TaskProgress, k: int) -> None:
+        self.progress = progress
         self.expected = {"fixed point": FIXED_POINT_PASSES, "eigenvalues": ARNOLDI_JVPS_PER_K * k}
-        self._last = 0.0
 
     def __call__(self, phase: str, done: int, total: int | None = None) -> None:
-        now = time.perf_counter()
-        if now - self._last < self.min_interval:
-            return
-        self._last = now
-        start, end = self.PHASES[phase]
         total = total or self.expected[phase]
-        share = start + (end - start) * min(done / max(total, 1), 1.0)
-        of = f" of {total}" if phase not in self.expected else ""
-        self.bar.progress(share, text=f"Stability: {phase}, pass {done}{of}")
+        if phase != self.progress.phase:
+            self.progress.set_phase(phase, self.PHASES[phase], total)
+        self.progress(min(done, total), total)
 
     def steps(self, phase: str) -> Callable[[int, int], None]:
         """An ``on_step(done, total)`` for ``phase``."""
         return lambda done, total: self(phase, done, total)
 
 
+def stability_progress(position: int, guess: cost.CostEstimate) -> TaskProgress:
+    """The bar of one token's stability: passes of each phase (at most, for the fixed point and
+    Arnoldi, which may converge sooner), with the estimate beside it."""
+    return TaskProgress(f"Stability of token {position}", "passes", guess, BAR_INTERVAL)
+
+
 @cached_analysis(keyed=("traj",), max_entries=8)
 def token_stability(
-    _model, traj, run: RunSettings, position: int, k: int, guess: str
+    _model, traj, run: RunSettings, position: int, k: int, _progress: TaskProgress
 ) -> TokenStability:
     """Spectrum at the token's fixed point (others at s_r), Lyapunov run and attribution along the
     collected trajectory of the first seed (collected with ``run``), and the distance of s_i from
-    the fixed point. ``_model`` is the one ``traj``'s key names."""
-    bar = st.progress(0.0, text=f"Stability of token {position}: {guess}")
+    the fixed point. ``_model`` is the one ``traj``'s key names; ``_progress`` follows every
+    phase (see StabilityBar), and a finished run calibrates the next estimate."""
+    _progress.start()
     raw = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0])).to(_model.dtype)
     ids = list(run.token_ids)
     steps = raw.shape[0] - 1
-    moved = StabilityBar(bar, k)
-    with threads_for(_model):
+    moved = StabilityBar(_progress, k)
+    with threads_for(_model), _progress.ticking():  # stop points between the passes too
         spectrum = workbench.fixed_point_spectrum(
             _model, ids, position=position, k=k, num_steps=steps, init_scale=run.init_scale,
             seed=run.seeds[0], max_iter=FIXED_POINT_PASSES, on_pass=moved,
@@ -128,7 +127,7 @@ def token_stability(
     point = torch.from_numpy(spectrum.attrs["state"]).to(raw.dtype)
     distances = ((raw[:, position] - point).norm(dim=-1) / point.norm()).double().numpy()
     exponents = spectrum_frame(lyap)
-    bar.empty()
+    _progress.finish()
     return TokenStability(
         spectrum, exponents, lyap.running, lyap.warmup, attribution, distances,
         bool(spectrum.attrs.get("converged", True)), float(spectrum.attrs["residual"]),

@@ -19,7 +19,6 @@ from workbench.dynamics import MIN_TAIL
 from workbench.patching import patching_pair
 
 from . import intervention_compute as compute
-from .tab_generation import generation_estimate
 from .ui import Context, chart, default_tokens, estimate_gate, quoted_tokens, table_download
 
 TOOLS = ("Patching", "Steering", "Ablation")
@@ -257,8 +256,8 @@ def steering_panel(ctx: Context) -> None:
     what = f"Steering: {compute.steering_forwards(mode, float(amount))} forwards × {steps} steps"
     if not estimate_gate(what, guess, "steer_go", (ctx.key, key, mode, float(amount), first, last)):
         return
-    with st.spinner(f"Steering ({guess.describe()}) …", show_time=True):
-        result = compute.steering(*args)
+    progress = compute.TaskProgress("Steering", "forwards", guess)
+    result = compute.steering(*args, _progress=progress)
     effect = result["effect"]
     c1, c2 = st.columns(2)
     c1.metric("KL(baseline ‖ steered)", f"{effect.kl:.4g}")
@@ -273,12 +272,11 @@ def steering_panel(ctx: Context) -> None:
         chart(figures.steering_sweep_figure(result["sweep"]), "steer_sweep")
     room = ctx.model.config.block_size - len(ctx.run.token_ids)
     new = st.number_input("New tokens", 1, max(room, 1), min(16, max(room, 1)), key="steer_new")
-    one = generation_estimate(ctx, int(new))
-    gen = one.times(2)
+    gen = compute.steered_text_estimate(ctx.model, tokens, int(new), steps)
     st.caption(f"Two greedy continuations of {int(new)} tokens × {steps} steps: {gen.describe()}")
     if st.button("Generate with and without steering", key="steer_generate"):
-        with st.spinner(f"Generating ({gen.describe()}) …", show_time=True):
-            base, steered = compute.steered_text(*args, int(new))
+        progress = compute.TaskProgress("Generating with and without steering", "forwards", gen)
+        base, steered = compute.steered_text(*args, int(new), _progress=progress)
         st.text_area("Without steering", base, disabled=True, key="steer_base_text")
         st.text_area("With steering", steered, disabled=True, key="steer_text")
 

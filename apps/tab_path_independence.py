@@ -6,7 +6,7 @@ import streamlit as st
 
 from workbench import figures
 
-from . import compute
+from . import compute, cost
 from .ui import PC_PAIRS, Context, chart, default_tokens, quoted_tokens, table_download
 
 
@@ -23,11 +23,10 @@ def render(ctx: Context) -> None:
     if max(PC_PAIRS[pair]) < coords.shape[-1]:
         fig = figures.seed_overlay(coords, position, PC_PAIRS[pair], ctx.traj.seeds, ctx.tokens)
         chart(fig, "seed_overlay")
-    if st.toggle(
-        "Aligned UMAP of this token across seeds (slow: numba compiles the first time)",
-        key="pi_aligned",
-    ):
-        embeddings = compute.aligned_umap(ctx.traj, position)
+    guess = cost.umap_estimate(ctx.traj.n_runs * (ctx.traj.num_steps + 1), "aligned")
+    if st.toggle(f"Aligned UMAP of this token across seeds: {guess.describe()}", key="pi_aligned"):
+        progress = compute.TaskProgress("Fitting AlignedUMAP", "s", guess)
+        embeddings = compute.aligned_umap(ctx.traj, position, _progress=progress)
         names = [f"seed {s}" for s in ctx.traj.seeds]
         fig = figures.aligned_embeddings_figure(embeddings, names, f"token {ctx.labels[position]}")
         chart(fig, "aligned_umap")

@@ -39,8 +39,9 @@ def render(ctx: Context) -> None:
     )
     if not st.toggle("Compute the stability of this token", key="stab_go"):
         return
+    progress = stability_compute.stability_progress(position, guess)
     result = stability_compute.token_stability(
-        ctx.model, ctx.traj, ctx.run, position, k, guess.describe()
+        ctx.model, ctx.traj, ctx.run, position, k, _progress=progress
     )
     _summary(ctx, position, result)
     left, right = st.columns(2)

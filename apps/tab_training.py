@@ -16,7 +16,7 @@ from workbench import figures
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.figures import stability as stability_figures
 
-from . import compute, cost
+from . import compute, cost, stability_compute
 from .inputs import InputError, resolve_checkpoint
 from .ui import Context, chart, table_download
 
@@ -38,6 +38,23 @@ def series_estimate(ctx: Context, found: list[tuple[int, Path]]) -> tuple[cost.C
     )
     guess = compute.estimate_flops(ctx.model, flops, rows=tokens, calls=calls, action="series")
     return guess, what
+
+
+def stability_series_estimate(ctx: Context, found: list[tuple[int, Path]]) -> cost.CostEstimate:
+    """The series with every token's λ_1 as well: per checkpoint, the steps of one forward and
+    the JVP of each (stability_compute.JVP_PASSES passes), over the prompt's tokens."""
+    config = RecurrentConfig.from_json(found[0][1] / "config.json")
+    r = config.mean_recurrence
+    depths = tuple(sorted({1, 2, 4, r, 2 * r, 4 * r}))
+    tokens, steps, seeds = len(ctx.run.token_ids), ctx.run.num_steps, len(ctx.run.seeds)
+    passes = int(steps * (1 + stability_compute.JVP_PASSES))
+    flops = cost.checkpoint_series_flops(config, tokens, depths, steps, seeds, len(found))
+    flops += len(found) * cost.forward_flops(config, tokens, passes)
+    calls = cost.checkpoint_series_calls(config, depths, steps, seeds, len(found))
+    calls += len(found) * int(stability_compute.JVP_PASSES * cost.forward_calls(config, passes))
+    return compute.estimate_flops(
+        ctx.model, flops, rows=tokens, calls=calls, action="series stability"
+    )
 
 
 def render(ctx: Context) -> None:
@@ -78,9 +95,11 @@ def render(ctx: Context) -> None:
     st.dataframe(frame, hide_index=True, key="series_table")
     table_download(frame, "checkpoint_series")
     stability = "λ_1 and the share of stable tokens per checkpoint (slower)"
-    if st.toggle(stability, key="series_stability"):
+    slower = stability_series_estimate(ctx, found)
+    if st.toggle(f"{stability}: {slower.describe()}", key="series_stability"):
+        progress = compute.TaskProgress("λ_1 of every checkpoint", "checkpoints", slower)
         stable = compute.checkpoint_series(
             compute.CheckpointRun(run_dir), prompt, ctx.run.num_steps, tuple(ctx.run.seeds),
-            stability=True,
+            stability=True, _progress=progress,
         )  # fmt: skip
         chart(stability_figures.stability_series_figure(stable), "series_stability_fig")

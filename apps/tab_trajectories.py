@@ -50,14 +50,14 @@ def render(ctx: Context) -> None:
             "waterfall",
         )
     states = (ctx.traj.num_steps + 1) * ctx.traj.n_tokens
-    seconds, includes = cost.umap_seconds(states)
+    guess = cost.umap_estimate(states)
     umap_label = (
         f"UMAP of the {states} states of {run} (fitted on their first 50 principal components, "
-        f"so its time depends on the states, not the model's size): ≈ {seconds:.0f} s, {includes}"
+        f"so its time depends on the states, not the model's size): {guess.describe()}"
     )
     if st.toggle(umap_label, key="umap"):
-        with st.spinner(f"Fitting UMAP on {states} states (≈ {seconds:.0f} s) …", show_time=True):
-            coords_umap = compute.umap(ctx.traj)
+        progress = compute.TaskProgress(f"Fitting UMAP on {states} states", "s", guess)
+        coords_umap = compute.umap(ctx.traj, _progress=progress)
         fig = figures.waterfall_3d(coords_umap, ctx.tokens, run=run)
         fig.update_layout(
             title=f"UMAP of all states by token position ({run})",

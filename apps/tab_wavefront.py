@@ -178,7 +178,7 @@ def render(ctx: Context) -> None:
     if not estimate_gate(what, guess, "wf_go", (ctx.key, request)):
         return
     with shown_as_message():
-        progress = compute.TaskProgress("Sampling with the diffusion sampler", "passes", guess)
+        progress = compute.TaskProgress("Sampling with the diffusion sampler", "tokens", guess)
         out = compute.diffusion_run(ctx.model, tuple(ctx.run.token_ids), new,
                                     ctx.run.num_steps, inner, headway, exit_t, strategy,
                                     ctx.run.init_scale, _progress=progress)  # fmt: skip

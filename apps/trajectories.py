@@ -131,6 +131,17 @@ def model_banner(model, path: Path) -> None:
         )
 
 
+def memory_line(slot, model) -> None:
+    """The server process's measured memory and the model's share of it."""
+    held, kind = compute.resident_bytes()
+    slot.caption(
+        f"In memory: {cost.format_bytes(held)} {kind} in this server process, "
+        f"{cost.format_bytes(compute.model_bytes(model))} of weights in "
+        f"{str(model.dtype).removeprefix('torch.')} ({model.num_parameters() / 1e6:,.1f} M "
+        "parameters); one model is kept, switching frees it first."
+    )
+
+
 def main() -> None:
     st.set_page_config(page_title="Recurrent-depth trajectories", layout="wide")
     st.title("Recurrent-depth trajectories")
@@ -140,11 +151,7 @@ def main() -> None:
         dtype = None if raw["dtype"] == OWN_DTYPE else raw["dtype"]
         model = compute.load(str(path), raw["device"], dtype, compute.checkpoint_signature(path))
     model_banner(model, path)
-    raw["memory"].caption(
-        f"In memory: {cost.format_bytes(compute.model_bytes(model))} of weights in "
-        f"{str(model.dtype).removeprefix('torch.')} ({model.num_parameters() / 1e6:,.1f} M "
-        "parameters); one model is kept, switching frees it first."
-    )
+    memory_line(raw["memory"], model)
     model_key = model.cache_key
     raw |= run_widgets(model, model_key, prompt_length(model, raw))
     with shown_as_message(stop=True):

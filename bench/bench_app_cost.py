@@ -142,7 +142,8 @@ def steering(b: Bench, traj, amount: float) -> None:
 def stability(b: Bench, traj, k: int, position: int) -> None:
     guess = stability_compute.estimate(b.model, position + 1, traj.num_steps, k)
     b.time(f"stability (k = {k}, token {position})", guess, lambda: stability_compute.token_stability(
-        b.model, traj, b.run, position, k, guess.describe()))  # fmt: skip
+        b.model, traj, b.run, position, k, stability_compute.stability_progress(position, guess),
+    ))  # fmt: skip
 
 
 def diffusion(b: Bench, traj, new: int) -> None:

@@ -196,7 +196,13 @@ def test_umap_only_on_request(app, monkeypatch):
         def fit_transform(self, x: np.ndarray) -> np.ndarray:
             return x[:, : self.n_components]
 
+    from apps import umap_worker
+
     monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(UMAP=FakeUMAP))
+    # the fake is in this process: the fit runs here, not in the UMAP process
+    monkeypatch.setattr(
+        umap_worker.WORKER, "fit", lambda request, tick: umap_worker._answer(request)
+    )
     show(app, "Trajectories")
     assert "umap_waterfall" not in chart_keys(app)
     app.toggle(key="umap").set_value(True).run()

@@ -348,9 +348,14 @@ def test_path_independence_tab_shows_aligned_umap_across_seeds(monkeypatch):
 
     from streamlit.testing.v1 import AppTest
 
+    from apps import umap_worker
     from workbench import figures, projections
 
     monkeypatch.setitem(sys.modules, "umap", types.SimpleNamespace(AlignedUMAP=_FakeAlignedUMAP))
+    # the fake is in this process: the fit runs here, not in the UMAP process
+    monkeypatch.setattr(
+        umap_worker.WORKER, "fit", lambda request, tick: umap_worker._answer(request)
+    )
     projections.umap_cache_clear()
     app = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
     at = AppTest.from_file(app, default_timeout=240).run()

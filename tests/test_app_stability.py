@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from recurrent_model.standin import fallback_model
@@ -51,70 +50,3 @@ def test_training_tab_shows_lambda_1_per_checkpoint_on_request(tmp_path):
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert "series_stability_fig" in {c.key for c in at.get("plotly_chart")}
-
-
-class Stopped(Exception):
-    """Stands in for Streamlit's StopException, raised at the next Streamlit call after Stop."""
-
-
-class StoppableBar:
-    """st.progress's bar as Stop sees it: each update raises once the stop flag is set."""
-
-    def __init__(self, stop) -> None:
-        self.stop, self.texts = stop, []
-
-    def progress(self, value: float, text: str = "") -> None:
-        self.texts.append(text)
-        if self.stop.is_set():
-            raise Stopped
-
-    def empty(self) -> None:
-        pass
-
-
-PHASES = ["fixed point", "eigenvalues", "Lyapunov exponents", "attribution"]
-
-
-@pytest.mark.parametrize("phase", PHASES)
-def test_stop_ends_the_stability_action_in_every_phase(monkeypatch, phase):
-    import threading
-    import time
-    import types
-
-    import torch
-
-    import workbench
-    from apps import stability_compute
-    from recurrent_model import RecurrentLM, preset
-
-    torch.manual_seed(0)
-    model = RecurrentLM(preset("tiny")).eval()
-    for module in model.modules():  # slowed: every layer call sleeps
-        module.register_forward_hook(lambda *_: time.sleep(0.002))
-    ids = (1, 5, 9, 3)
-    traj = workbench.collect(model, list(ids), 4, seeds=[0])
-    run = types.SimpleNamespace(token_ids=ids, num_steps=4, seeds=(0,), init_scale=1.0)
-    stop = threading.Event()
-    bar = StoppableBar(stop)
-    monkeypatch.setattr(stability_compute.st, "progress", lambda *a, **k: bar)
-    monkeypatch.setattr(stability_compute, "BAR_INTERVAL", 0.0)  # every pass moves the bar
-    raised: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            stability_compute.token_stability.__wrapped__(model, traj, run, 2, 4, "≈ 1 s")
-        except Stopped as exc:
-            raised.append(exc)
-
-    worker = threading.Thread(target=work, daemon=True)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while not any(phase in t for t in bar.texts) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert any(phase in t for t in bar.texts), bar.texts  # the phase reports its passes
-    stop.set()  # Stop pressed
-    pressed, updates = time.monotonic(), len(bar.texts)
-    worker.join(timeout=10)
-    assert not worker.is_alive() and raised, "the worker kept running after Stop"
-    assert time.monotonic() - pressed < 3.0
-    assert len(bar.texts) <= updates + 1, bar.texts  # it raised at the next update
