@@ -347,7 +347,8 @@ def generation(
 ) -> dict:
     """Greedy generation with an optional adaptive exit: text, tokens and iterations per token.
 
-    With ``_progress`` a bar follows every generated token (and Stop ends the generation there)."""
+    With ``_progress`` a bar follows every generated token, and every core iteration (the
+    prompt's too) is a point where Stop ends the generation."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
     done = [0]
 
@@ -356,9 +357,11 @@ def generation(
         if _progress is not None:
             _progress(done[0], max_new_tokens)
 
+    watch = nullcontext()
     if _progress is not None:
         _progress.start()
-    with threads_for(model):
+        watch = _progress.watching(model)  # the prompt's forward stops at an iteration too
+    with threads_for(model), watch:
         out = model.generate(
             ids,
             max_new_tokens,

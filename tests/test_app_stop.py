@@ -144,6 +144,14 @@ def test_generation_stops(monkeypatch, prepared):
     run_then_stop(monkeypatch, task, moving(progress))
 
 
+def test_generation_stops_in_its_prompt_forward(monkeypatch, prepared):
+    model, _, _ = prepared
+    progress = bar()
+    prompt = tuple(range(1, 200))
+    task = lambda: compute.generation(model, prompt, 8, 256, None, None, 1.0, _progress=progress)  # noqa: E731
+    run_then_stop(monkeypatch, task, lambda: progress.updates > 0 and progress.done == 0)
+
+
 def test_patching_stops(monkeypatch, prepared):
     model, _, _ = prepared
     corrupted = intervention_compute.corrupt(IDS, 2, 99)
