@@ -82,10 +82,12 @@ def answer(
     seed: int,
 ) -> tuple[str, float]:  # fmt: skip
     """The run's top next token at the last position and its probability (the patching s_0)."""
-    with threads_for(model), torch.no_grad():
+    progress = forwards_progress(model, "The run's answer", len(token_ids), num_steps, 1)
+    with threads_for(model), torch.no_grad(), _forwards(model, progress, 1, num_steps):
         init = run_init(model, len(token_ids), init_scale, seed, 1)
         ids = torch.tensor([token_ids], device=model.device)
         probs = torch.softmax(model(ids, num_steps=num_steps, **init).logits[0, -1].float(), -1)
+    progress.finish()
     top = int(probs.argmax())
     return token_display_strings(model.tokenizer, [top])[0], float(probs[top])
 
@@ -98,15 +100,35 @@ def mean_difference(
     num_steps: int,
 ) -> np.ndarray:
     """Difference of the mean last-token final states of two prompt sets (s_0 = 0)."""
-    with threads_for(model):
-        return workbench.difference_of_means(model, list(prompts_a), list(prompts_b), num_steps)
+    prompts = [*prompts_a, *prompts_b]
+    tokens = max(len(model.tokenizer.encode(p)) for p in prompts)
+    what = f"Mean states of {len(prompts)} prompts"
+    progress = forwards_progress(model, what, tokens, num_steps, len(prompts))
+    with threads_for(model), _forwards(model, progress, len(prompts), num_steps):
+        v = workbench.difference_of_means(model, list(prompts_a), list(prompts_b), num_steps)
+    progress.finish()
+    return v
 
 
 @cached_analysis(keyed=("model",), max_entries=16)
 def token_plane(model, token_ids: tuple[int, ...], num_steps: int, position: int) -> np.ndarray:
     """The rotation plane (2, h) of one token's raw core states (s_0 = 0)."""
-    with threads_for(model):
-        return workbench.token_rotation_plane(model, list(token_ids), num_steps, position)
+    what = f"The rotation plane of token {position}"
+    progress = forwards_progress(model, what, len(token_ids), num_steps, 1)
+    with threads_for(model), _forwards(model, progress, 1, num_steps):
+        plane = workbench.token_rotation_plane(model, list(token_ids), num_steps, position)
+    progress.finish()
+    return plane
+
+
+def forwards_progress(model, what: str, tokens: int, num_steps: int, forwards: int) -> TaskProgress:
+    """The bar of ``forwards`` plain forwards over ``tokens`` tokens at ``num_steps``, with
+    their estimate (calibrated as one kind of action: a few forwards)."""
+    config = model.config
+    flops = cost.forward_flops(config, tokens, num_steps, forwards)
+    calls = cost.forward_calls(config, num_steps, forwards)
+    guess = estimate_flops(model, flops, rows=tokens, calls=calls, action="forwards")
+    return TaskProgress(what, "forwards", guess)
 
 
 def _hooks(vector: np.ndarray | None, plane: np.ndarray | None, mode: str, amount: float, steps):

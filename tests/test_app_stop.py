@@ -176,6 +176,27 @@ def test_steering_stops(monkeypatch, prepared, mode):
     run_then_stop(monkeypatch, task, moving(progress))
 
 
+@pytest.mark.parametrize("action", ["token plane", "mean difference", "answer"])
+def test_the_forwards_before_steering_and_after_patching_stop(monkeypatch, prepared, action):
+    """The steering direction's forwards and the patching answers' forward: each shows a bar,
+    and Stop ends it at a core iteration."""
+    model, _, _ = prepared
+    bars: list[compute.TaskProgress] = []
+    made = intervention_compute.forwards_progress
+    monkeypatch.setattr(
+        intervention_compute, "forwards_progress", lambda *a: bars.append(made(*a)) or bars[-1]
+    )
+    long = tuple(range(1, 120))
+    task = {
+        "token plane": lambda: intervention_compute.token_plane(model, long, 256, 3),
+        "mean difference": lambda: intervention_compute.mean_difference(
+            model, ("a long prompt " * 8,), ("another one " * 8,), 256
+        ),
+        "answer": lambda: intervention_compute.answer(model, long, 256, 1.0, 0),
+    }[action]
+    run_then_stop(monkeypatch, task, lambda: bool(bars) and bars[-1].updates > 0)
+
+
 def test_steered_continuations_stop(monkeypatch, prepared):
     model, _, _ = prepared
     vector = np.ones(model.config.n_embd, dtype=np.float32)
