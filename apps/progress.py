@@ -3,8 +3,9 @@
 Streamlit ends a script run (Stop pressed, a widget changed, the browser session closed) by raising
 at the script's next Streamlit call, and only there. A bar update is such a call: an action is
 stoppable as often as its bar moves. ``TaskProgress`` moves between the batches an action reports
-and, through ``watching``, at every core iteration (or coda call) of the model in between, so no
-forward pass runs far past a Stop.
+and, in between, at every core iteration of the model (``watching``), every chunk a module
+decodes (``counting_rows``) or every torch call (``ticking``, for work that loads its own models
+or differentiates through the core), so no forward pass runs far past a Stop.
 """
 
 from __future__ import annotations
