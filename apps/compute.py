@@ -120,10 +120,13 @@ def trajectory(
 ) -> workbench.Trajectory:
     """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once.
 
-    With ``_progress`` a progress bar follows every run and iteration (see CollectProgress)."""
+    With ``_progress`` a progress bar follows every run and iteration (see CollectProgress), and
+    every block call is a point where Stop ends the collection."""
+    watch = nullcontext()
     if _progress is not None:
         _progress.start()
-    with threads_for(model):
+        watch = _progress.watching(model)  # a stop point at every block call too
+    with threads_for(model), watch:
         traj = workbench.collect(
             model,
             list(run.token_ids),
@@ -347,8 +350,8 @@ def generation(
 ) -> dict:
     """Greedy generation with an optional adaptive exit: text, tokens and iterations per token.
 
-    With ``_progress`` a bar follows every generated token, and every core iteration (the
-    prompt's too) is a point where Stop ends the generation."""
+    With ``_progress`` a bar follows every generated token, and every block call (the prompt's
+    too) is a point where Stop ends the generation."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
     done = [0]
 
@@ -360,7 +363,7 @@ def generation(
     watch = nullcontext()
     if _progress is not None:
         _progress.start()
-        watch = _progress.watching(model)  # the prompt's forward stops at an iteration too
+        watch = _progress.watching(model)  # the prompt's forward stops at a block too
     with threads_for(model), watch:
         out = model.generate(
             ids,
@@ -401,7 +404,7 @@ def diffusion_run(
     _progress: TaskProgress | None = None,
 ) -> dict:
     """Greedy diffusion sampling: text, the wavefront frames and the summary counts; with
-    ``_progress`` a bar follows the frozen tokens, every core iteration of a pass is a stop point,
+    ``_progress`` a bar follows the frozen tokens, every block call of a pass is a stop point,
     and the time calibrates the next estimate."""
     ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
     frozen = [0]

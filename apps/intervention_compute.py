@@ -174,7 +174,7 @@ def steering(
     _progress: TaskProgress | None = None,
 ) -> dict:
     """Effect on the last position's next-token distribution (and an α sweep when adding); with
-    ``_progress`` a bar follows the forwards and every core iteration is a stop point."""
+    ``_progress`` a bar follows the forwards and every block call is a stop point."""
     hooks = _hooks(vector, plane, mode, amount, steps)
     with (
         threads_for(model),
@@ -193,7 +193,7 @@ def steering(
 
 
 def _forwards(model, progress: TaskProgress | None, forwards: int = 0, num_steps: int = 0):
-    """Start ``progress`` and make every core iteration a stop point; with ``forwards`` the bar
+    """Start ``progress`` and make every block call a stop point; with ``forwards`` the bar
     counts that many passes of ``num_steps`` iterations (the core's state hook fires for s_0 …
     s_r). Nothing without a bar."""
     if progress is None:
@@ -232,7 +232,7 @@ def steered_text(
 ) -> tuple[str, str]:
     """Greedy continuations without and with the steering hook active during generation; with
     ``_progress`` a bar follows the forwards (the prompt's, then one per token, twice) and every
-    core iteration is a stop point."""
+    block call is a stop point."""
     hooks = _hooks(vector, plane, mode, amount, steps)
     forwards = 2 * (1 + max_new_tokens)
     with threads_for(model), _forwards(model, _progress, forwards, num_steps):

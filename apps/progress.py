@@ -19,7 +19,7 @@ import streamlit as st
 import torch
 from torch.overrides import TorchFunctionMode
 
-from recurrent_model.hook_names import STATE
+from recurrent_model.hook_names import RESID_POST, STATE
 
 from . import cost
 
@@ -109,23 +109,24 @@ class TaskProgress:
         self.guess.done(self.elapsed)
 
     @contextmanager
-    def watching(
-        self, model, names: Sequence[str] = (STATE,), per_unit: int = 0, total: int = 0
-    ) -> Iterator[None]:
-        """Every firing of the hooks ``names`` in this thread is a stop point. With ``per_unit``
-        the firings also count the bar's units: one unit per ``per_unit`` firings, of ``total``.
+    def watching(self, model, per_unit: int = 0, total: int = 0) -> Iterator[None]:
+        """Every block call and core iteration of ``model`` in this thread is a stop point (the
+        hooks after each sandwich block and on the core's state). With ``per_unit`` the state
+        hook's firings (s_0 … s_r of a forward) also count the bar's units: one unit per
+        ``per_unit`` firings, of ``total``.
 
         Firings in other threads (another session running the same model) are not counted."""
         fired = [0]
 
-        def hook(x, _hook) -> None:
+        def hook(x, point) -> None:
             if threading.get_ident() != self._thread:
                 return
-            if per_unit:
+            if per_unit and point.name == STATE:
                 fired[0] += 1
                 self.done, self.total = min(fired[0] // per_unit, total), total
             self.tick()
 
+        names = [STATE, *(n for n in model.hook_names() if n.endswith(RESID_POST))]
         with model.hooks([(name, hook) for name in names]):
             yield
 
