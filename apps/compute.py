@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -121,11 +121,12 @@ def trajectory(
     """Collect s_0 … s_r for every seed (workbench.collect); the normalised view computed once.
 
     With ``_progress`` a progress bar follows every run and iteration (see CollectProgress), and
-    every block call is a point where Stop ends the collection."""
-    watch = nullcontext()
+    every torch call is a point where Stop ends the collection."""
+    watch = ExitStack()
     if _progress is not None:
         _progress.start()
-        watch = _progress.watching(model)  # a stop point at every block call too
+        watch.enter_context(_progress.watching(model))
+        watch.enter_context(_progress.ticking())  # a batch of runs makes each block call long
     with threads_for(model), watch:
         traj = workbench.collect(
             model,
@@ -314,6 +315,19 @@ def plane(traj, position: int, run: int = 0) -> np.ndarray:
     return rotation_plane(traj.states[run][:, position])
 
 
+#: A lens chunk's FLOPs at most (one state at least): at a large model's size a chunk of the
+#: default 256 MiB of logits would run for minutes between two of the bar's updates.
+LENS_CHUNK_FLOPS = 2e10
+LENS_CHUNK_BYTES = 2**28  # workbench.lens's own default
+
+
+def lens_chunk_bytes(config, tokens: int, kind: str) -> int:
+    """The ``chunk_bytes`` that keeps a lens chunk within LENS_CHUNK_FLOPS (the default where
+    that already holds, so a small model's lens is computed as before)."""
+    states = max(1, int(LENS_CHUNK_FLOPS // cost.lens_flops(config, tokens, 0, kind)))
+    return min(LENS_CHUNK_BYTES, states * tokens * config.vocab_size * 4 * 3)
+
+
 @cached_analysis(keyed=("traj",), max_entries=8)
 def lens(
     _model,
@@ -322,16 +336,20 @@ def lens(
     kind: str,
     _progress: TaskProgress | None = None,
 ) -> pd.DataFrame:
-    """The lens on every state of seed 0; with ``_progress`` a bar follows the states decoded
-    (each chunk a stop point) and its time calibrates the next lens estimate."""
-    watch = nullcontext()
+    """The lens on every state of seed 0, in chunks of at most LENS_CHUNK_FLOPS; with
+    ``_progress`` a bar follows the states decoded, every torch call is a stop point, and the
+    time calibrates the next lens estimate."""
+    raw = traj.raw_states[0]
+    watch = ExitStack()
     if _progress is not None:
         _progress.start()
         # the last state is decoded first (the final prediction), then every state s_0 … s_r
-        states = traj.raw_states[0].shape[0] + 1
-        watch = _progress.counting_rows([_model.transformer.coda[-1], _model.lm_head], states)
+        head = [_model.transformer.coda[-1], _model.lm_head]
+        watch.enter_context(_progress.counting_rows(head, raw.shape[0] + 1))
+        watch.enter_context(_progress.ticking())
+    chunk = lens_chunk_bytes(_model.config, raw.shape[1], kind)
     with threads_for(_model), watch:
-        frame = workbench.lens(_model, traj.raw_states[0], kind=kind, tokens=_tokens)
+        frame = workbench.lens(_model, raw, kind=kind, tokens=_tokens, chunk_bytes=chunk)
     if _progress is not None:
         _progress.finish()
     return frame

@@ -442,3 +442,14 @@ def test_finished_actions_calibrate_their_next_estimate(monkeypatch):
     umap.done(2.0 * umap.seconds)
     assert cost.umap_estimate(500).calibration == pytest.approx(2.0)
     assert "from the last fit" in cost.umap_estimate(500).describe()
+
+
+def test_a_lens_chunk_stays_small_at_a_large_models_size():
+    from recurrent_model import preset
+
+    small, huge = fallback_model().config, preset("huginn-0125")
+    assert compute.lens_chunk_bytes(small, 40, "coda") == compute.LENS_CHUNK_BYTES  # as before
+    for kind in ("coda", "logit"):
+        chunk = compute.lens_chunk_bytes(huge, 40, kind)
+        assert chunk // (40 * huge.vocab_size * 12) == 1  # one state per chunk
+        assert cost.lens_flops(huge, 40, 0, kind) > compute.LENS_CHUNK_FLOPS  # and no fewer
