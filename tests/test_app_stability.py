@@ -30,6 +30,8 @@ def test_stability_tab_estimates_then_shows_the_token_analysis():
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert FIGURES <= {c.key for c in at.get("plotly_chart")}
     assert any("λ_1 =" in m.value and " ± " in m.value for m in at.markdown)  # with its error
+    at.run()  # the finished run calibrates the next estimate of the stability of a token
+    assert any("at most" in m.value and "from the last run" in m.value for m in at.markdown)
 
 
 def test_training_tab_shows_lambda_1_per_checkpoint_on_request(tmp_path):
