@@ -8,12 +8,20 @@ moving. It follows ``generate_diffusion_style`` of the published Huginn-0125 mod
 Yang, Su 2025, arXiv 2510.14961) step for step, with the same parameter names and defaults, so that
 with ``init_scale=0`` and greedy decoding the tokens are the same. Deviations, all outside the
 published behaviour: placeholder tokens come from this model's vocabulary; ``sequences`` is cut at
-``max_new_tokens`` and after the first stop token; the tablets also record the step that stops.
+``max_new_tokens`` and after the first stop token; the tablets also record the step that stops and
+reach past the context by ``headway`` columns; "fixed" freezing of a wave cut back to
+``max_wavefront`` freezes ``headway`` guesses per step like an uncut wave, fewer only where the cut
+left fewer (the published sampler freezes only the positions that joined but moves its cache by
+``headway``, which leaves cache and wave apart); without ``full_prefill`` a freeze never reaches
+back into the prompt (the published one cuts the frozen tokens there and lets guesses replace
+prompt tokens); a call that the context or ``max_diffusion_steps`` ends short of
+``max_new_tokens`` says so in one warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -162,6 +170,9 @@ class DiffusionOutput:
     Summary counts as in the published sampler: core_passes (core iterations over a chunk, the prefill
     counting once), tokens_forwarded (positions pushed through core iterations), cache_clears (cache
     positions discarded), standing_waves (steps whose wave hit max_wavefront), sampler_steps.
+    stop_reason: why the sampler stopped: "max_new_tokens", "stop_token", "max_diffusion_steps",
+    or "context" (the sequence of frozen tokens, guesses and placeholders outgrew the model's
+    context before max_new_tokens froze).
     """
 
     sequences: torch.Tensor
@@ -183,6 +194,7 @@ class DiffusionOutput:
     standing_waves: int
     sampler_steps: int
     settings: dict = field(default_factory=dict)
+    stop_reason: str = "max_new_tokens"
 
     @property
     def summary(self) -> dict[str, int]:
@@ -251,12 +263,17 @@ class _Sampler:
             budget = model.config.n_layers_in_recurrent_block
         self.cache = KVCache(model.config, 1, length, steps, budget, model.device, model.dtype)
         self.run = ChunkRunner(model, self.cache)
-        blocked = max(context, self.P + max_new_tokens + cfg.headway + int(cfg.full_prefill))
+        # Per-position counters and tablet columns: the sequence of the step that reaches the
+        # context ends up to `headway` positions past it (the last guess and the placeholders).
+        blocked = max(
+            context + cfg.headway, self.P + max_new_tokens + cfg.headway + int(cfg.full_prefill)
+        )
         self.recurrence = torch.zeros(1, blocked, dtype=torch.long, device=model.device)
         self.stability = torch.zeros(1, blocked, dtype=torch.long, device=model.device)
         self.core_passes = self.tokens_forwarded = self.cache_clears = self.standing_waves = 0
         self.seen = 0  # cache positions holding valid entries (the published cache's seen tokens)
         self.steps = 0
+        self.stop_reason = "max_new_tokens"
         self.rows: dict[str, list[torch.Tensor]] = {
             k: [] for k in ("token", "frozen", "counter", "stability")
         }
@@ -305,10 +322,13 @@ class _Sampler:
             like = torch.zeros(1, P, self.model.config.n_embd, device=self.model.device,
                                dtype=self.model.dtype)  # fmt: skip
             states = self.fresh_state(like)
-            if cfg.max_wavefront > 0 and P > cfg.max_wavefront:
+            # "fixed" freezes only guesses: a wave filled by the prompt keeps none and never moves.
+            need = P + 1 if self.criterion is None else P
+            if 0 < cfg.max_wavefront < need:
                 raise ValueError(
-                    f"the prompt of {P} tokens does not fit max_wavefront={cfg.max_wavefront}; use "
-                    f"full_prefill=True or raise max_wavefront to at least {P}"
+                    f"the prompt of {P} tokens does not fit max_wavefront={cfg.max_wavefront}"
+                    f"{' with a new position (freeze_strategy fixed)' if need > P else ''}; use "
+                    f"full_prefill=True or raise max_wavefront to at least {need}"
                 )
         old_embeds = self.embed_without_cache(frozen) if cfg.ema_embeds > 0 else None
         return _Wave(frozen, frozen, states, states.clone(), old_embeds)
@@ -319,7 +339,13 @@ class _Sampler:
         wave = self.start()
         streamed = wave.frozen.shape[1]
         context = self.model.config.block_size
-        while wave.frozen.shape[1] - self.P < self.max_new and wave.current.shape[1] <= context:
+        while True:
+            if wave.frozen.shape[1] - self.P >= self.max_new:
+                self.stop_reason = "max_new_tokens"
+                break
+            if wave.current.shape[1] > context:
+                self.stop_reason = "context"
+                break
             W = self.refine(wave)
             self.grow(wave)
             self.freeze(wave)
@@ -327,7 +353,10 @@ class _Sampler:
                 self.stream(wave.frozen[0, streamed:], streamed)
             streamed = wave.frozen.shape[1]
             self._record(wave.current, wave.frozen, wave.index, W)
-            if self.should_stop(wave):
+            reason = self.should_stop(wave)
+            if reason is not None:
+                done = wave.frozen.shape[1] - self.P >= self.max_new
+                self.stop_reason = "max_new_tokens" if done and reason != "stop_token" else reason
                 break
             self.advance(wave)
         self.steps = wave.step
@@ -414,6 +443,9 @@ class _Sampler:
         if frozen_to is None:
             self._clear(wave.states.shape[1] - wave.headway_in_step)
             return
+        # Without full_prefill the wave starts over the prompt, whose positions may pass the test:
+        # that freezes nothing new (cutting below the frozen prefix would drop prompt tokens).
+        frozen_to = max(frozen_to, wave.frozen.shape[1])
         wave.k = frozen_to
         self._clear(wave.current.shape[1] - wave.headway_in_step - frozen_to + 1)
         wave.states = wave.states[:, frozen_to - wave.index - 1 :]
@@ -451,19 +483,25 @@ class _Sampler:
         return k
 
     def _freeze_fixed(self, wave: _Wave) -> None:
-        """fixed: headway_in_step tokens per step once past num_steps // inner_recurrence steps."""
-        cfg, step_in = self.cfg, wave.headway_in_step
+        """fixed: once past num_steps // inner_recurrence steps, ``headway`` guesses freeze per step
+        and the wave drops as many states from its front, so the cache keeps exactly the positions
+        before the next wave; fewer freeze when the wave cut back to max_wavefront kept fewer
+        guesses in the sequence."""
+        cfg = self.cfg
+        width = wave.states.shape[1] - wave.headway_in_step  # positions this step iterated
         if wave.step > cfg.num_steps // cfg.inner_recurrence:
-            self._clear(wave.states.shape[1] - cfg.headway - step_in)
-            wave.states = wave.states[:, step_in:]
             assert wave.new_tokens is not None
-            wave.frozen = torch.cat([wave.frozen, wave.new_tokens[:, :step_in]], dim=1)
+            kept = wave.current.shape[1] - wave.frozen.shape[1]  # guesses and placeholders kept
+            n = min(cfg.headway, wave.new_tokens.shape[1], kept)
+            self._clear(width - n)
+            wave.states = wave.states[:, n:]
+            wave.frozen = torch.cat([wave.frozen, wave.new_tokens[:, :n]], dim=1)
         else:
-            self._clear(wave.states.shape[1] - step_in)
+            self._clear(width)
 
-    def should_stop(self, wave: _Wave) -> bool:
-        """Step 8: a stop token among the freshly frozen ones (checked once past num_steps steps, as
-        in the published sampler), or the step cap."""
+    def should_stop(self, wave: _Wave) -> str | None:
+        """Step 8: "stop_token" for a stop token among the freshly frozen ones (checked once past
+        num_steps steps, as in the published sampler), "max_diffusion_steps" at the step cap."""
         cfg = self.cfg
         if wave.step > cfg.num_steps:
             fresh = (
@@ -472,8 +510,8 @@ class _Sampler:
                 else wave.frozen[0, -cfg.headway :]
             )
             if any(int(t) in self.stops for t in fresh.tolist()):
-                return True
-        return wave.step > cfg.max_diffusion_steps
+                return "stop_token"
+        return "max_diffusion_steps" if wave.step > cfg.max_diffusion_steps else None
 
     def advance(self, wave: _Wave) -> None:
         """Keep this step's states and wave start for the next step's freezing."""
@@ -540,6 +578,27 @@ class _Sampler:
             standing_waves=self.standing_waves,
             sampler_steps=self.steps,
             settings=dataclasses.asdict(self.cfg),
+            stop_reason=self.stop_reason,
+        )
+
+    def warn_if_short(self, frozen: torch.Tensor) -> None:
+        """One RuntimeWarning when the context or the step cap ended the call before
+        max_new_tokens froze (a stop token ending it early is what the caller asked for)."""
+        new = frozen.shape[1] - self.P
+        if new >= self.max_new or self.stop_reason not in ("context", "max_diffusion_steps"):
+            return
+        if self.stop_reason == "context":
+            why = (
+                f"the unfrozen wave reached the end of the model's context "
+                f"({self.model.config.block_size} tokens)"
+            )
+        else:
+            why = f"max_diffusion_steps={self.cfg.max_diffusion_steps} ran out"
+        warnings.warn(
+            f"diffusion sampler stopped early: {why} with {new} of max_new_tokens={self.max_new} "
+            "tokens frozen",
+            RuntimeWarning,
+            stacklevel=3,
         )
 
 
@@ -614,6 +673,9 @@ def generate_diffusion(
     sampling; ``streamer(tokens, steps)`` gets each newly frozen run of tokens and the core
     iterations each received. Returns (1, T + n) ids, cut at max_new_tokens and after the first
     stop token, or a :class:`DiffusionOutput` with the analysis tablets when ``return_details``.
+    The sampler stops, like the published one, when its sequence (frozen tokens, guesses and
+    placeholders) outgrows the model's context; when that or ``max_diffusion_steps`` leaves fewer
+    than max_new_tokens frozen it warns in one line (RuntimeWarning; ``stop_reason`` says which).
     """
     given = dict(num_steps=num_steps, inner_recurrence=inner_recurrence, headway=headway,
                  init_scale=init_scale)  # fmt: skip
@@ -630,5 +692,6 @@ def generate_diffusion(
         run = _Sampler(model, ids, max_new_tokens, cfg, sampler, streamer)
         frozen = run.generate() if max_new_tokens > 0 else ids
     frozen = frozen.clone()  # an ordinary tensor outside inference mode
+    run.warn_if_short(frozen)
     sequences = _cut(frozen, ids.shape[1], max_new_tokens, run.stops)
     return run.details(frozen, sequences) if return_details else sequences

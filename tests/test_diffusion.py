@@ -19,15 +19,20 @@ from recurrent_model.diffusion import DiffusionOutput, generate_diffusion
 V = 96
 
 
-@pytest.fixture(scope="module")
-def small_model() -> RecurrentLM:
+def make_model(block_size: int) -> RecurrentLM:
     """A 32-wide model over a 96-token vocabulary with the random weights of seed 3."""
     torch.manual_seed(3)
     cfg = RecurrentConfig(
         n_embd=32, n_heads=2, n_layers_in_prelude=1, n_layers_in_recurrent_block=2,
-        n_layers_in_coda=1, intermediate_size=64, vocab_size=V, block_size=256, mean_recurrence=6,
+        n_layers_in_coda=1, intermediate_size=64, vocab_size=V, block_size=block_size,
+        mean_recurrence=6,
     )  # fmt: skip
     return RecurrentLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def small_model() -> RecurrentLM:
+    return make_model(256)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +90,10 @@ def slow_diffusion(
     mixing: float = 0.5,
     compress: bool = True,
     generator: torch.Generator | None = None,
+    strategy: str = "latent-diff",
 ) -> list[int]:
-    """Greedy, init_scale = 0, latent-diff freezing; returns the frozen tokens (prompt included)."""
+    """Greedy, init_scale = 0, latent-diff or fixed freezing; returns the frozen tokens (prompt
+    included)."""
     h = model.config.n_embd
     cache = DictCache(model.config, compress)
     P = prompt.shape[1]
@@ -108,6 +115,7 @@ def slow_diffusion(
         wave = [torch.zeros(h)]  # states of positions start, start + 1, ...
         prev, prev_start = [w.clone() for w in wave], 0
         sequence = list(tokens)
+        step = 0
         while frozen - P < max_new and len(sequence) <= model.config.block_size:
             W = len(wave)
             cache.drop_from(start)
@@ -140,6 +148,13 @@ def slow_diffusion(
             if max_wavefront and len(wave) > max_wavefront:
                 wave = wave[:max_wavefront]
                 sequence = sequence[: start + max_wavefront]
+            if strategy == "fixed":
+                due = step > num_steps // inner
+                frozen, start, wave = fixed_freeze(
+                    due, headway, frozen, start, wave, sequence, guesses
+                )
+                step += 1
+                continue
             # The published sampler compares the wave's state at position p with last step's state at
             # position p + (start − previous start): the same position unless the previous step froze.
             shift = start - prev_start
@@ -160,12 +175,25 @@ def slow_diffusion(
         return sequence[:frozen]
 
 
+def fixed_freeze(due: bool, headway: int, frozen: int, start: int, wave: list, sequence: list,
+                 guesses: list) -> tuple[int, int, list]:  # fmt: skip
+    """The "fixed" strategy: once due, the first ``headway`` guesses still in ``sequence`` (the
+    wavefront cut may have dropped some) freeze and the wave's first states leave with them."""
+    if not due:
+        return frozen, start, wave
+    n = min(headway, len(guesses), len(sequence) - frozen)
+    return frozen + n, start + n, wave[n:]
+
+
 CASES = {
     "defaults": {},
     "full cache": {"compress": False},
     "headway 3": {"headway": 3},
     "standing wave": {"max_wavefront": 3, "headway": 2},
     "eager freezing": {"exit_t": 0.3},
+    "fixed": {"strategy": "fixed", "headway": 2},
+    "fixed standing wave": {"strategy": "fixed", "max_wavefront": 4},
+    "fixed standing wave headway 2": {"strategy": "fixed", "max_wavefront": 3, "headway": 2},
 }
 
 
@@ -175,7 +203,8 @@ def test_tokens_equal_the_slow_reference(small_model, prompt, case):
     max_new, num_steps, inner = 10, 6, 2
     expected = slow_diffusion(small_model, prompt, max_new, num_steps, inner,
                               generator=torch.Generator().manual_seed(7), **kw)  # fmt: skip
-    fast_kw = {k: v for k, v in kw.items() if k != "compress"}
+    fast_kw = {k: v for k, v in kw.items() if k not in ("compress", "strategy")}
+    fast_kw["freeze_strategy"] = kw.get("strategy", "latent-diff")
     if kw.get("compress") is False:
         fast_kw["cache_lookup_strategy"] = "full"
     out = generate_diffusion(
@@ -189,6 +218,26 @@ def test_tokens_equal_the_slow_reference(small_model, prompt, case):
     assert int(out.wave_widths.max()) > 1
     if case == "standing wave":
         assert out.standing_waves > 0 and int(out.wave_widths.max()) == 3
+    if "max_wavefront" in kw:
+        assert out.standing_waves > 0 and int(out.wave_widths.max()) <= kw["max_wavefront"]
+
+
+def test_context_stop_equals_the_slow_reference(prompt):
+    """headway 3 pushes the sequence (frozen, guesses, placeholders) past a 24-token context: the
+    sampler stops there with the reference's tokens, records that last step and says so."""
+    model, P, max_new = make_model(24), prompt.shape[1], 10
+    kw = dict(headway=3, exit_t=0.5)
+    expected = slow_diffusion(model, prompt, max_new, 6, 4, generator=torch.Generator().manual_seed(7),
+                              **kw)  # fmt: skip
+    with pytest.warns(RuntimeWarning, match=r"context \(24 tokens\) with \d+ of max_new_tokens=10"):
+        out = generate_diffusion(model, prompt, max_new, num_steps=6, inner_recurrence=4,
+                                 init_scale=0.0, generator=torch.Generator().manual_seed(7),
+                                 stop_tokens=(), return_details=True, **kw)  # fmt: skip
+    assert out.stop_reason == "context"
+    assert out.frozen[0].tolist() == expected and P + 1 < len(expected) < P + max_new
+    last = int(out.sequence_lengths[-1])
+    assert last > 24 and out.token_tablet.shape[1] == last
+    assert out.token_tablet.shape[0] == out.sampler_steps == len(out.sequence_lengths)
 
 
 def test_tablets_are_consistent(small_model, prompt):
