@@ -17,6 +17,7 @@ import torch
 import workbench
 from recurrent_model.threads import threads_for
 from workbench.lyapunov import lyapunov_run, spectrum_frame
+from workbench.spectrum import arnoldi_jvps
 from workbench.stretch_attribution import stretch_attribution
 
 from . import compute, cost
@@ -26,17 +27,23 @@ from .progress import TaskProgress
 
 #: A JVP costs about this many core passes (dual numbers; measured on the default checkpoint).
 JVP_PASSES = 2.0
-#: Core passes a fixed-point search may spend, and the JVPs Arnoldi takes per requested eigenvalue.
-FIXED_POINT_PASSES, ARNOLDI_JVPS_PER_K = 200, 25
+#: Core passes a fixed-point search may spend.
+FIXED_POINT_PASSES = 200
 #: Seconds between two moves of the stability bar (each one a point where Stop acts).
 BAR_INTERVAL = 0.25
 
 
-def stability_passes(num_steps: int, k: int) -> int:
-    """Core-pass equivalents of one token's analysis (an upper bound: the fixed point's budget)."""
+def typical_arnoldi_jvps(k: int, h: int) -> int:
+    """The JVPs Arnoldi typically takes: about three Krylov bases (its budget is
+    ``arnoldi_jvps(k, h)[1]``, where it stops and says so)."""
+    return 3 * arnoldi_jvps(k, h)[0]
+
+
+def stability_passes(num_steps: int, k: int, h: int) -> int:
+    """Core-pass equivalents of one token's analysis (the fixed point at its budget)."""
     lyapunov = num_steps * (1 + JVP_PASSES * k)
     attribution = num_steps * (1 + JVP_PASSES) + 2 * JVP_PASSES
-    arnoldi = ARNOLDI_JVPS_PER_K * k * JVP_PASSES
+    arnoldi = typical_arnoldi_jvps(k, h) * JVP_PASSES
     return int(np.ceil(lyapunov + attribution + arnoldi + FIXED_POINT_PASSES))
 
 
@@ -44,7 +51,7 @@ def estimate(model, tokens: int, num_steps: int, k: int) -> cost.CostEstimate:
     """The estimated cost of :func:`token_stability` on this device: its core-pass equivalents
     as one forward of that depth over the token's prefix, each pass's block calls at
     ``JVP_PASSES`` times a plain call's cost."""
-    passes = stability_passes(num_steps, k)
+    passes = stability_passes(num_steps, k, model.config.n_embd)
     flops = cost.forward_flops(model.config, tokens, passes)
     calls = int(JVP_PASSES * cost.forward_calls(model.config, passes))
     return compute.estimate_flops(model, flops, rows=tokens, calls=calls, action="stability")
@@ -77,9 +84,12 @@ class StabilityBar:
         "attribution": (0.8, 1.0),
     }
 
-    def __init__(self, progress: TaskProgress, k: int) -> None:
+    def __init__(self, progress: TaskProgress, k: int, h: int) -> None:
         self.progress = progress
-        self.expected = {"fixed point": FIXED_POINT_PASSES, "eigenvalues": ARNOLDI_JVPS_PER_K * k}
+        self.expected = {
+            "fixed point": FIXED_POINT_PASSES,
+            "eigenvalues": typical_arnoldi_jvps(k, h),
+        }
 
     def __call__(self, phase: str, done: int, total: int | None = None) -> None:
         total = total or self.expected[phase]
@@ -110,7 +120,7 @@ def token_stability(
     raw = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0])).to(_model.dtype)
     ids = list(run.token_ids)
     steps = raw.shape[0] - 1
-    moved = StabilityBar(_progress, k)
+    moved = StabilityBar(_progress, k, _model.config.n_embd)
     with threads_for(_model), _progress.ticking():  # stop points between the passes too
         spectrum = workbench.fixed_point_spectrum(
             _model, ids, position=position, k=k, num_steps=steps, init_scale=run.init_scale,
