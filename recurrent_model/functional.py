@@ -23,11 +23,17 @@ import torch.nn.functional as F
 ActivationHook = Callable[[torch.Tensor, "int | None"], torch.Tensor]
 
 
+def _at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 (a float64 map keeps its precision), float32 for every narrower type."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x / sqrt(mean(x²) + eps) in float32, cast back to x's dtype, times ``weight``."""
+    """y = x / sqrt(mean(x²) + eps) in float32 (float64 stays float64), cast back to x's dtype, times
+    ``weight``."""
     if x.dtype == torch.float32:  # torch's fused kernel computes exactly this formula
         return F.rms_norm(x, weight.shape, weight, eps)
-    x32 = x.float()
+    x32 = x.to(_at_least_float32(x.dtype))
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return normed.type_as(x) * weight
 
@@ -47,12 +53,13 @@ def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Te
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs of ``x`` (B, T, ..., head_dim) by ``table`` (T, head_dim // 2).
 
-    Each pair (a, b) is the complex number a + ib, multiplied by cos + i·sin in float32:
+    Each pair (a, b) is the complex number a + ib, multiplied by cos + i·sin in float32 (float64 for a
+    float64 ``x``):
     (a, b) -> (a·cos − b·sin, b·cos + a·sin); cast back to x's dtype. ``table`` is complex, or real
     (T, head_dim // 2, 2) holding (cos, sin) (what compiled code passes: inductor fuses real
     arithmetic but not complex ops).
     """
-    pairs = x.float().unflatten(-1, (-1, 2))
+    pairs = x.to(_at_least_float32(x.dtype)).unflatten(-1, (-1, 2))
     shape = (table.shape[0], *([1] * (x.dim() - 3)), table.shape[1])
     if table.is_complex() and not torch.compiler.is_compiling():
         if pairs.stride(-1) != 1:
