@@ -163,6 +163,24 @@ PROSE = {
         ),
         ("1.0 = all tokens alike", "r = 1"),
     ),
+    "interventions.ipynb": (
+        (
+            Quote("(p ≈ 0.9)",
+                  ("min(float(model(torch.tensor([ids]), num_steps=STEPS, init_scale=0.0).logits[0, -1]"
+                   ".softmax(-1)[t]) for ids, t in ((clean, pair.target), (corrupted, pair.corrupted_target)))",)),
+            Quote("from about +13 (clean) to about −9 (corrupted): a gap of about 22",
+                  ("m_clean", "m_corrupted", "m_clean - m_corrupted")),
+            Quote("(position 4)", ("where",)),
+            Quote("restores exactly 1", ("everywhere.restored.iloc[-1]",)),
+            Quote("(restored ≈ 1)", ("noised.restored.median()",)),
+            Quote("stays below 0.05", ("sweep.kl.max()",)),
+            Quote("below 1e-3 on average", ("result.control_mean",)),
+            Quote("(percentile\n100 %)", ("result.percentile",)),
+        ),
+        ('from 7 to 5', 'logit("7") − logit("5")', "1. **", "2. **", "3. **", "## 1.", "## 2.", "## 3.",
+         "iterations 4 … r", "at α = 2", "operand '4'", "column of step 0 is 0", "s_0 = 0",
+         "stay at 0", '"3 + 4 = " against "3 + 2 = "', "stays '7'"),
+    ),
     "corpus.ipynb": (
         (
             Quote("cut to 24 tokens", ("prompts.tokens.max()",)),
