@@ -12,10 +12,11 @@ bound number agrees with its value by the words just before it:
 - otherwise the value rounds to the quoted number (half a unit of its last digit).
 
 A "not", "never" or "no" earlier in the same clause (the sentence, cut at commas, dashes and opening
-parentheses) turns a bound around: "does not reach it within 500 passes" says the value is above 500. A number is an optional sign (−, + or -) and digits
-with optional decimals and exponent (1e-5, 2.5e−3); digits joined to a letter or underscore (λ_1,
-s_0, 2π, period-2, 3-cycle, 2.6M) are part of a name, and code (blocks and `…`) is skipped. A percentage is
-compared in percent: its value must be given in percent.
+parentheses) turns a bound around: "does not reach it within 500 passes" says the value is above
+500. A number is an optional sign (−, + or -) and digits (38,178 with thousands separators) with
+optional decimals and exponent (1e-5, 2.5e−3); digits joined to a letter or underscore (λ_1, s_0,
+2π, period-2, 3-cycle, 2.6M) are part of a name, and code (blocks and `…`) is skipped. A percentage
+is compared in percent: its value must be given in percent.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-NUMBER = re.compile(r"(?<![\w.−+-])([−+-]?)(\d+(?:\.\d+)?)(?:e([−+-]?\d+))?(?![\w.]?\w|-[^\W\d])")
+NUMBER = re.compile(
+    r"(?<![\w.−+-])([−+-]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?)(?:e([−+-]?\d+))?"
+    r"(?![\w.]?\w|-[^\W\d])"
+)
 APPROX = re.compile(r"(?:about|≈|~|roughly|nearly|around|near)\s*$")
 ABOVE = re.compile(r"(?:more than|over|above|beyond|>)\s*$")
 AT_LEAST = re.compile(r"(?:at least|≥)\s*$")
@@ -76,7 +80,7 @@ def numbers(text: str) -> list[Found]:
         sign, digits, exponent = m.groups()
         decimals = len(digits.split(".")[1]) if "." in digits else 0
         power = int(exponent.replace("−", "-")) if exponent else 0
-        value = float(digits) * 10.0**power * (-1.0 if sign in ("−", "-") else 1.0)
+        value = float(digits.replace(",", "")) * 10.0**power * (-1.0 if sign in ("−", "-") else 1.0)
         out.append(Found(m.group(), value, 10.0 ** (power - decimals), m.start(), m.end()))
     return out
 

@@ -426,3 +426,55 @@ def test_the_workbench_numbers_agree_with_the_script_output():
     text = (ROOT / "docs" / "workbench.md").read_text()
     for start, end, quotes, settings in WORKBENCH_SECTIONS:
         assert check(section(text, start, end), quotes, resolve(record["values"]), settings) == []
+
+
+# The dynamics census (eval/census.py → eval/results/census.json), as docs/default_checkpoint.md and
+# the orbits notebook quote it.
+CENSUS = ROOT / "eval" / "results" / "census.json"
+OTHERS_ORBIT = (
+    "[v['by_source.%s.orbit' % s] for s in ('prose', 'plain_prose', 'arithmetic', 'depth')]"
+)
+CENSUS_QUOTES = (
+    Quote("250 held-out snippets", ("meta.prompts",)),
+    Quote("from 3 seeds", ("len(v['meta.seeds'])",)),
+    Quote("38,178 trajectories", ("meta.rows",)),
+    Quote("at 99.8 %", ("100 * v['meta.kind_agrees_across_seeds']",)),
+    Quote("97.3 % fixed points", ("100 * v['overall.all.fixed_point']",)),
+    Quote("2.7 % orbits", ("100 * v['overall.all.orbit']",)),
+    Quote("9.4 %", ("100 * v['by_source.code.orbit']",)),
+    Quote("against 0–1.4 %", (f"100 * min({OTHERS_ORBIT})", f"100 * max({OTHERS_ORBIT})")),
+)  # fmt: skip
+CENSUS_SETTINGS = ("(50 each", "(periods 2, 3 and 4)")
+NOTEBOOK_CENSUS_QUOTES = (
+    Quote("250 held-out snippets × 3 seeds at 128 steps) finds 2.7 % of all tokens on orbits, 9.4 %",
+          ("meta.prompts", "len(v['meta.seeds'])", "meta.num_steps", "100 * v['overall.all.orbit']",
+           "100 * v['by_source.code.orbit']")),
+)  # fmt: skip
+NOTEBOOK_CENSUS_SETTINGS = (
+    "section 7", '" 3" of "Claire makes a 3 egg', "(1,2), (3,4), (5,6)", "up to 128",
+)  # fmt: skip
+
+
+def flatten(record: dict, prefix: str = "") -> dict:
+    """Nested dictionaries as one level of dotted keys (lists and numbers kept as they are)."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_the_census_numbers_agree_with_its_result_file():
+    values = flatten(json.loads(CENSUS.read_text()))
+    text = section(
+        (ROOT / "docs" / "default_checkpoint.md").read_text(), "- **Dynamics census**", "To see"
+    )
+    assert check(text, CENSUS_QUOTES, resolve(values), CENSUS_SETTINGS) == []
+    periods = {key.removeprefix("periods.") for key in values if key.startswith("periods.")}
+    assert values["overall.all.slider"] == 0 and periods == {"2", "3", "4"}
+    nb = nbformat.read(ROOT / "notebooks" / "orbits_and_rotations.ipynb", as_version=4)
+    prose = "\n\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+    assert check(prose, NOTEBOOK_CENSUS_QUOTES, resolve(values), NOTEBOOK_CENSUS_SETTINGS) == []
+    assert values["by_source.prose.orbit"] == values["by_source.arithmetic.orbit"] == 0

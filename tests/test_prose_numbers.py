@@ -44,6 +44,7 @@ def test_names_and_code_are_not_numbers():
         1e-5,
         8.5,
     ]
+    assert [f.value for f in numbers("38,178 rows, pairs (1,2), (3,4)")] == [38178, 1, 2, 3, 4]
 
 
 def test_a_quote_missing_from_the_prose_fails():
