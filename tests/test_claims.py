@@ -478,3 +478,79 @@ def test_the_census_numbers_agree_with_its_result_file():
     prose = "\n\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
     assert check(prose, NOTEBOOK_CENSUS_QUOTES, resolve(values), NOTEBOOK_CENSUS_SETTINGS) == []
     assert values["by_source.prose.orbit"] == values["by_source.arithmetic.orbit"] == 0
+
+
+# docs/default_checkpoint.md's results table and bullets against eval/results/results.json
+# (eval/evaluate_checkpoint.py): each table row is one series over r.
+RESULTS = ROOT / "eval" / "results" / "results.json"
+
+
+def result_series(record: dict) -> dict[str, dict[int, float]]:
+    """Every table row's label and its values by r."""
+    series = {
+        "validation loss": {r["steps"]: r["val_loss"] for r in record["val_loss"]},
+        "held-out numpy code loss": {r["steps"]: r["loss"] for r in record["heldout_code"]},
+    }
+    for r in record["arithmetic"]:
+        label = f"arithmetic, {r['difficulty']} digit" + ("s" if r["difficulty"] > 1 else "")
+        series.setdefault(label, {})[r["steps"]] = r["accuracy"]
+    names = {"carries": "carries", "variables": "variable chasing"}
+    for r in record["depth_tasks"]:
+        if r["kind"] in names:
+            series.setdefault(f"{names[r['kind']]}, level {r['level']}", {})[r["steps"]] = r[
+                "accuracy"
+            ]
+    return series
+
+
+def result_values(record: dict) -> dict[str, float]:
+    """The derived numbers the bullets quote."""
+    val, code = (result_series(record)[k] for k in ("validation loss", "held-out numpy code loss"))
+    r_bar = record["mean_recurrence"]
+    beyond = [abs(s[r] / s[r_bar] - 1) for s in (val, code) for r in s if r > r_bar]
+    spread = [
+        p[k]
+        for p in record["path_independence"]
+        for k in ("max_final_spread", "attractor_distance")
+    ]
+    carries = {}
+    for r in record["depth_tasks"]:
+        if r["kind"] == "carries" and r["trained_level"]:
+            carries.setdefault(r["level"], {})[r["steps"]] = r["accuracy"]
+    first = {level: min(r for r, a in acc.items() if a >= 1.0) for level, acc in carries.items()}
+    return {"val_gain": 100 * (1 - val[r_bar] / val[1]), "code_gain": 100 * (1 - code[r_bar] / code[1]),
+            "beyond": 100 * max(beyond), "spread": max(spread),
+            "carries_trained_min": min(max(acc.values()) for acc in carries.values()),
+            "first_r_1": first[1], "first_r_6": first[6]}  # fmt: skip
+
+
+def test_the_results_table_and_bullets_agree_with_the_result_file():
+    record = json.loads(RESULTS.read_text())
+    series, problems = result_series(record), []
+    text = (ROOT / "docs" / "default_checkpoint.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| r | 1 |"))
+    depths = [int(cell.split()[0]) for cell in header.strip("|").split("|")[1:]]
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        label = re.sub(r" \(.*\)$", "", cells[0])
+        if not line.startswith("| ") or label not in series:
+            continue
+        for r, cell in zip(depths, cells[1:], strict=True):
+            unit = 10.0 ** -len(cell.partition(".")[2])
+            if abs(series[label][r] - float(cell)) > unit / 2 + 1e-12:
+                problems.append(f"{label} at r = {r}: {cell} but {series[label][r]:.4g}")
+    assert problems == []
+    bullets = section(text, "What the numbers say", "- **Dynamics census**")
+    quotes = (
+        Quote("by 27.0 % on the validation rows and by 11.8 %", ("val_gain", "code_gain")),
+        Quote("within\n  0.03 %", ("beyond",)),
+        Quote("to within 1.1e-6", ("spread",)),
+        Quote("learned to 1.00", ("carries_trained_min",)),
+        Quote("reaches it at r = 4", ("first_r_1",)),
+        Quote("at r = 8", ("first_r_6",)),
+    )
+    settings = ("r = 1", "by r = 4", "level 1", "level 6", "level 8", "stay at 0", "From 5 random")
+    assert [row["share"] for row in record["dynamics_share"] if row["kind"] == "fixed_point"] == [
+        1.0
+    ]
+    assert check(bullets, quotes, resolve(result_values(record)), settings) == []
