@@ -23,6 +23,7 @@
 
     .venv/bin/python bench/bench_stability.py [--checkpoint checkpoints/default] [--skip-big]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_stability.py --findings
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_stability.py --iterations   # only the counts
 """
 
 from __future__ import annotations
@@ -416,6 +417,9 @@ def main() -> None:
     parser.add_argument(
         "--cap", type=int, default=5000, help="--findings: passes per solve, at most"
     )
+    parser.add_argument(
+        "--iterations", action="store_true", help="only the float32/float64 counts; writes nothing"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = rm.load_model(args.checkpoint).eval()
@@ -424,6 +428,9 @@ def main() -> None:
     )
     if args.only_big:
         big_shape(args.big_passes)
+        return
+    if args.iterations:
+        iteration_counts(model, args.tol, args.cap)
         return
     if args.findings:
         findings(model, args.out, args.tol, args.cap)
