@@ -8,16 +8,15 @@ a run only at a Streamlit call, so this checks that every phase reaches one ofte
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+import stop_driver
 import torch
 from streamlit.testing.v1 import AppTest
-from streamlit.testing.v1 import app_test as app_test_module
 
 import workbench
 from apps import compute, cost, intervention_compute, stability_compute, umap_worker
@@ -29,8 +28,6 @@ from workbench.lyapunov import lyapunov_run
 
 BOUND_S = 3.0
 SLEEP_S = 0.002  # per hook firing and module call: a tiny model at a large model's pace
-SCRIPT = f"import sys\nsys.modules[{__name__!r}].TASK[0]()\n"
-TASK: dict[int, Callable[[], None]] = {}
 IDS = (1, 40, 50, 60, 70, 80, 90, 100)
 
 
@@ -60,45 +57,16 @@ def prepared():
     return slowed(model), run, traj
 
 
-class Recording(app_test_module.LocalScriptRunner):
-    """AppTest's script runner, remembered so that the test can press Stop on it."""
-
-    made: list[app_test_module.LocalScriptRunner] = []
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        Recording.made.append(self)
-
-
-def run_then_stop(monkeypatch, task: Callable[[], None], running: Callable[[], bool]) -> float:
+def run_then_stop(task: Callable[[], None], running: Callable[[], bool]) -> float:
     """Run ``task`` as a script; once ``running()``, press Stop; the seconds the script thread
     took to end (it must not have finished on its own)."""
-    monkeypatch.setattr(app_test_module, "LocalScriptRunner", Recording)
-    Recording.made.clear()
-    finished = []
-
-    def script() -> None:
-        task()
-        finished.append(True)
-
-    monkeypatch.setitem(TASK, 0, script)
-    at = AppTest.from_string(SCRIPT, default_timeout=120)
-    driver = threading.Thread(target=at.run, daemon=True)
-    driver.start()
-    deadline = time.monotonic() + 60
-    while not running() and time.monotonic() < deadline and not finished:
-        time.sleep(0.005)
-    assert running() and not finished, "the action did not start, or ended before Stop"
-    runner = Recording.made[-1]
-    pressed = time.monotonic()
-    runner.request_stop()
-    runner._script_thread.join(timeout=30)
-    took = time.monotonic() - pressed
-    driver.join(timeout=30)
-    assert not runner._script_thread.is_alive(), "the action kept running after Stop"
-    assert not finished, "the action ran to its end instead of stopping"
-    assert took < BOUND_S, f"Stop took {took:.1f} s"
-    return took
+    stopped = stop_driver.run_then_stop(task, running)
+    assert stopped.error is None, f"the action failed: {stopped.error!r}"
+    assert stopped.started, "the action did not start, or ended before Stop"
+    assert stopped.ended, "the action kept running after Stop"
+    assert not stopped.finished, "the action ran to its end instead of stopping"
+    assert stopped.took < BOUND_S, f"Stop took {stopped.took:.1f} s"
+    return stopped.took
 
 
 def bar(what: str = "test", unit: str = "units") -> compute.TaskProgress:
@@ -114,7 +82,7 @@ def test_collection_stops(monkeypatch, prepared):
     run = RunSettings(token_ids=IDS, num_steps=200, seeds=tuple(range(16)), init_scale=1.0)
     progress = compute.CollectProgress("16 runs", guess())
     task = lambda: compute.trajectory(model, run, _progress=progress)  # noqa: E731
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 @pytest.mark.parametrize("kind", ["coda", "logit"])
@@ -124,7 +92,7 @@ def test_lens_stops(monkeypatch, prepared, kind):
     tokens = [str(i) for i in IDS]
     monkeypatch.setattr(workbench.lenses, "lens_logits", _slow(workbench.lenses.lens_logits))
     task = lambda: compute.lens(model, traj, tokens, kind, _progress=progress)  # noqa: E731
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 def _slow(fn):
@@ -141,7 +109,7 @@ def test_generation_stops(monkeypatch, prepared):
     model, _, _ = prepared
     progress = bar()
     task = lambda: compute.generation(model, IDS, 200, 32, None, None, 1.0, _progress=progress)  # noqa: E731
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 def test_generation_stops_in_its_prompt_forward(monkeypatch, prepared):
@@ -149,7 +117,7 @@ def test_generation_stops_in_its_prompt_forward(monkeypatch, prepared):
     progress = bar()
     prompt = tuple(range(1, 200))
     task = lambda: compute.generation(model, prompt, 8, 256, None, None, 1.0, _progress=progress)  # noqa: E731
-    run_then_stop(monkeypatch, task, lambda: progress.updates > 0 and progress.done == 0)
+    run_then_stop(task, lambda: progress.updates > 0 and progress.done == 0)
 
 
 def test_patching_stops(monkeypatch, prepared):
@@ -157,10 +125,10 @@ def test_patching_stops(monkeypatch, prepared):
     corrupted = intervention_compute.corrupt(IDS, 2, 99)
     progress = bar()
     task = lambda: intervention_compute.patching(  # noqa: E731
-        model, IDS, corrupted, 32, STATE, "each", "denoising", 1.0, 0, batch_size=64,
+        model, IDS, corrupted, 32, STATE, "each", "denoising", 1.0, 0, "logit_diff", 5, 6, batch_size=64,
         _progress=progress,
     )  # fmt: skip
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 @pytest.mark.parametrize("mode", ["add", "rotate"])
@@ -173,7 +141,7 @@ def test_steering_stops(monkeypatch, prepared, mode):
     task = lambda: intervention_compute.steering(  # noqa: E731
         model, IDS, 64, vector, plane, mode, 1.0, (1, 64), _progress=progress
     )
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 @pytest.mark.parametrize("action", ["token plane", "mean difference", "answer"])
@@ -194,7 +162,7 @@ def test_the_forwards_before_steering_and_after_patching_stop(monkeypatch, prepa
         ),
         "answer": lambda: intervention_compute.answer(model, long, 256, 1.0, 0),
     }[action]
-    run_then_stop(monkeypatch, task, lambda: bool(bars) and bars[-1].updates > 0)
+    run_then_stop(task, lambda: bool(bars) and bars[-1].updates > 0)
 
 
 def test_steered_continuations_stop(monkeypatch, prepared):
@@ -204,7 +172,7 @@ def test_steered_continuations_stop(monkeypatch, prepared):
     task = lambda: intervention_compute.steered_text(  # noqa: E731
         model, IDS, 32, vector, None, "add", 1.0, (1, 32), 100, _progress=progress
     )
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 def test_ablation_stops(monkeypatch, prepared):
@@ -213,7 +181,7 @@ def test_ablation_stops(monkeypatch, prepared):
     task = lambda: intervention_compute.ablation(  # noqa: E731
         model, IDS, 32, 3, 64, batch_size=4, _progress=progress
     )
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 @pytest.mark.parametrize("phase", list(stability_compute.StabilityBar.PHASES))
@@ -229,7 +197,7 @@ def test_stability_stops_in_every_phase(monkeypatch, prepared, phase):
         monkeypatch.setattr(stability_compute, "lyapunov_run", _skipped)
     progress = stability_compute.stability_progress(3, guess())
     task = lambda: stability_compute.token_stability(model, traj, run, 3, 4, _progress=progress)  # noqa: E731
-    run_then_stop(monkeypatch, task, lambda: progress.phase == phase and progress.updates > 1)
+    run_then_stop(task, lambda: progress.phase == phase and progress.updates > 1)
 
 
 def _skipped(*args, **kwargs) -> None:
@@ -242,7 +210,7 @@ def test_diffusion_stops(monkeypatch, prepared):
     task = lambda: compute.diffusion_run(  # noqa: E731
         model, IDS, 200, 32, 4, 1, 0.0, "latent-diff", 1.0, _progress=progress
     )
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 def test_training_series_stops(monkeypatch, tmp_path):
@@ -254,7 +222,7 @@ def test_training_series_stops(monkeypatch, tmp_path):
     task = lambda: compute.checkpoint_series(  # noqa: E731
         series, "def add(a, b): return a + b", 64, tuple(range(8)), _progress=progress
     )
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
 
 
 def test_umap_stops_and_its_process_ends(monkeypatch, prepared):
@@ -264,7 +232,7 @@ def test_umap_stops_and_its_process_ends(monkeypatch, prepared):
     task = lambda: compute.umap(traj, _progress=progress)  # noqa: E731
     running = lambda: umap_worker.WORKER.pid is not None and progress.updates > 0  # noqa: E731
     pid = []
-    run_then_stop(monkeypatch, task, lambda: running() and not pid.append(umap_worker.WORKER.pid))
+    run_then_stop(task, lambda: running() and not pid.append(umap_worker.WORKER.pid))
     assert umap_worker.WORKER.pid is None
     with pytest.raises(ProcessLookupError):  # killed and reaped: its CPU is free
         import os
@@ -365,7 +333,7 @@ def _stopped_steering(monkeypatch):
     task = lambda: intervention_compute.steering(  # noqa: E731
         model, IDS, 64, vector, None, "add", 1.0, (1, 64), _progress=progress
     )
-    run_then_stop(monkeypatch, task, moving(progress))
+    run_then_stop(task, moving(progress))
     return weakref.ref(model)
 
 
@@ -373,8 +341,8 @@ def test_a_stopped_action_keeps_no_reference_to_its_model(monkeypatch):
     import gc
 
     held = _stopped_steering(monkeypatch)
-    TASK.clear()
-    Recording.made.clear()
+    stop_driver.TASK.clear()
+    stop_driver.Recording.made.clear()
     gc.collect()
     assert held() is None, [type(r).__name__ for r in gc.get_referrers(held())]
 

@@ -1,0 +1,297 @@
+"""How fast Stop ends each heavy action of the app, and whether the CPU is idle after it.
+
+Each heavy action (collection, lenses, generation, patching, ablation, steering, steered
+continuation, stability, the diffusion sampler, UMAP) runs through the app's compute function as a
+Streamlit script (tests/stop_driver.py, the mechanism of tests/test_app_stop.py). ``--settle``
+seconds after its bar first moves, Stop is pressed the way the browser's button does it. Measured:
+the seconds from Stop to the end of the script thread, and this process's CPU seconds (threads and
+child processes, UMAP's worker included) in the 10 s after Stop and from 10 to 15 s after it.
+Batch sizes are the ones the app plans (patching_plan, ablation_plan).
+
+By default on the shipped checkpoint (checkpoints/default); ``--huginn`` at the Huginn-0125 shape
+in bfloat16 (a random checkpoint written to a temporary directory and deleted after, about 7 GiB on
+disk and in memory; building it takes minutes).
+
+Usage: python bench/bench_app_stop.py [--huginn] [--settle S] [--only collection,umap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")  # the app's functions run bare here
+
+import psutil  # noqa: E402
+import stop_driver  # noqa: E402
+import torch  # noqa: E402
+from bench_app_cost import huginn_checkpoint  # noqa: E402
+
+from apps import (  # noqa: E402
+    compute,
+    cost,
+    inputs,
+    intervention_compute,
+    stability_compute,
+    umap_worker,  # noqa: E402
+)
+from apps.cached import with_key  # noqa: E402
+from recurrent_model.hook_names import STATE  # noqa: E402
+from workbench.patching import patching_pair  # noqa: E402
+
+GOAL_S = 10.0  # Stop must end the action within this, and the CPU be idle from then on
+IDLE_CPU_S = 0.25  # at most this many CPU seconds from 10 to 15 s after Stop (5 % of one core)
+Task = tuple[Callable[[], None], Callable[[], bool]]
+
+
+@dataclass
+class Row:
+    action: str
+    took: float
+    ended: bool
+    finished: bool
+    cpu_first: float
+    cpu_after: float
+    error: str = ""
+
+    def verdict(self) -> str:
+        if self.error:
+            return f"failed: {self.error}"
+        if self.finished:
+            return "ran to its end before Stop (not measured)"
+        problems = []
+        if not self.ended or self.took > GOAL_S:
+            problems.append(f"Stop took over {GOAL_S:g} s")
+        if self.cpu_after > IDLE_CPU_S:
+            problems.append(f"CPU busy 10 s after Stop (> {IDLE_CPU_S:g} CPU-s in 5 s)")
+        return "; ".join(problems) or "meets the 10 s goal"
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process, its reaped children and its live ones (UMAP's worker)."""
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += c.user + c.system
+    return total
+
+
+class CpuWindows:
+    """CPU seconds used 0–10 s and 10–15 s after ``start`` (sampled by a thread of its own)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.samples.append(cpu_seconds())
+        self.thread.start()
+
+    def _sample(self) -> None:
+        for offset in (GOAL_S, GOAL_S + 5.0):
+            time.sleep(max(0.0, self.t0 + offset - time.monotonic()))
+            self.samples.append(cpu_seconds())
+
+    def result(self) -> tuple[float, float]:
+        self.thread.join()
+        a, b, c = self.samples
+        return b - a, c - b
+
+
+def measure(name: str, make: Callable[[], Task], settle: float) -> Row:
+    """Run one action, press Stop ``settle`` s after its bar moves, measure latency and CPU."""
+    task, running = make()
+    windows = CpuWindows()
+    stopped = stop_driver.run_then_stop(
+        task, running, settle=settle, start_timeout=600, join_timeout=120, on_stop=windows.start
+    )
+    first, after = windows.result()
+    error = "" if stopped.error is None else f"{type(stopped.error).__name__}: {stopped.error}"
+    row = Row(name, stopped.took, stopped.ended, stopped.finished, first, after, error)
+    print(f"{name:24s} stop {row.took:6.2f} s  CPU 0–10 s {first:6.2f}  10–15 s {after:5.2f}  "
+          f"{row.verdict()}", flush=True)  # fmt: skip
+    if not stopped.ended:
+        sys.exit(f"{name}: the action still runs 120 s after Stop; the bench ends here")
+    return row
+
+
+def bar(what: str, guess: cost.CostEstimate | cost.TimeEstimate) -> compute.TaskProgress:
+    return compute.TaskProgress(what, "units", guess)
+
+
+def moving(progress: compute.TaskProgress) -> Callable[[], bool]:
+    return lambda: progress.updates > 0
+
+
+def actions(model, traj, run: inputs.RunSettings, big: bool) -> list[tuple[str, Callable]]:
+    """Each heavy action as (name, a maker of a fresh (task, running) pair), sized so that each
+    runs well past the settle time on this model."""
+    ids, steps = run.token_ids, run.num_steps
+    many = 200 if big else 32  # steps or tokens where the shipped model is fast
+    vector = traj.states[0][-1, -1]
+    tokens = [str(i) for i in ids]
+    guess = compute.estimate(model, len(ids), steps, 1)
+
+    def collection() -> Task:
+        longer = inputs.RunSettings(ids, many, tuple(range(16 if big else 4)), 1.0)
+        p = compute.CollectProgress("collection", guess)
+        return lambda: compute.trajectory(model, longer, _progress=p), moving(p)
+
+    def lens(kind: str) -> Callable[[], Task]:
+        def make() -> Task:
+            p = bar(f"{kind} lens", guess)
+            return lambda: compute.lens(model, traj, tokens, kind, _progress=p), moving(p)
+
+        return make
+
+    def generation() -> Task:
+        p = bar("generation", guess)
+        return lambda: compute.generation(model, ids, many, steps, None, None, 1.0, _progress=p), (
+            moving(p)
+        )
+
+    def patching() -> Task:
+        pair = patching_pair(model)
+        clean, corrupted = pair.clean_ids, pair.corrupted_ids
+        patches = intervention_compute.patches_to_run(clean, corrupted, steps, "each")
+        plan, batch = intervention_compute.patching_plan(model, len(clean), steps, patches)
+        p = bar("patching", plan)
+        return lambda: intervention_compute.patching(
+            model, clean, corrupted, steps, STATE, "each", "denoising", 1.0, 0, "logit_diff",
+            pair.target, pair.corrupted_target, batch_size=batch, _progress=p,
+        ), moving(p)  # fmt: skip
+
+    def ablation() -> Task:
+        planes = 32 if big else 8
+        plan, batch = intervention_compute.ablation_plan(model, len(ids), steps, planes)
+        p = bar("ablation", plan)
+        return lambda: intervention_compute.ablation(
+            model, ids, steps, len(ids) - 1, planes, batch_size=batch, _progress=p
+        ), moving(p)
+
+    def steering() -> Task:
+        p = bar("steering", guess)
+        return lambda: intervention_compute.steering(
+            model, ids, steps, vector, None, "add", 1.0, (1, steps), _progress=p
+        ), moving(p)
+
+    def steered() -> Task:
+        p = bar("steered continuation", guess)
+        return lambda: intervention_compute.steered_text(
+            model, ids, steps, vector, None, "add", 1.0, (1, steps), many, _progress=p
+        ), moving(p)
+
+    def stability() -> Task:
+        p = stability_compute.stability_progress(len(ids) - 1, guess)
+        return lambda: stability_compute.token_stability(
+            model, traj, run, len(ids) - 1, 8 if big else 2, _progress=p
+        ), lambda: p.updates > 1
+
+    def diffusion() -> Task:
+        p = bar("diffusion", guess)
+        return lambda: compute.diffusion_run(
+            model, ids, many, steps, 4, 1, 0.0, "latent-diff", 1.0, _progress=p
+        ), moving(p)
+
+    def umap() -> Task:
+        umap_worker.WORKER.stop()
+        p = compute.TaskProgress(
+            "UMAP", "s", cost.umap_estimate((traj.num_steps + 1) * traj.n_tokens)
+        )
+        started = lambda: umap_worker.WORKER.pid is not None and p.updates > 0  # noqa: E731
+        return lambda: compute.umap(traj, _progress=p), started
+
+    return [
+        ("collection", collection), ("coda lens", lens("coda")), ("logit lens", lens("logit")),
+        ("generation", generation), ("patching", patching), ("ablation", ablation),
+        ("steering", steering), ("steered continuation", steered), ("stability", stability),
+        ("diffusion sampler", diffusion), ("UMAP", umap),
+    ]  # fmt: skip
+
+
+def markdown(label: str, rows: list[Row]) -> str:
+    """The rows as a markdown table (for docs/app.md)."""
+    lines = [label, "", "| action | Stop → thread end | CPU-s 0–10 s after Stop | "
+             "CPU-s 10–15 s after Stop | verdict |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        took = f"{r.took:.2f} s" if r.ended else f"> {r.took:.0f} s"
+        lines.append(
+            f"| {r.action} | {took} | {r.cpu_first:.2f} | {r.cpu_after:.2f} | {r.verdict()} |"
+        )
+    return "\n".join(lines)
+
+
+def bench_model(model, key: str, big: bool, settle: float, only: set[str]) -> None:
+    """Collect the trajectory the trajectory-based actions need, then stop every action."""
+    model = with_key(model, key)
+    ids = inputs.encode_input(
+        model.tokenizer, model.config.block_size, inputs.DEFAULT_PROMPT, "", False
+    )
+    run = inputs.RunSettings(tuple(ids), 64 if big else 8, (0,), 1.0)
+    start = time.perf_counter()
+    traj = compute.trajectory(model, run)
+    load = os.getloadavg()
+    label = (
+        f"{model.name}: {model.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, "
+        f"{len(ids)} tokens, {run.num_steps} steps, {torch.get_num_threads()} threads, Stop "
+        f"{settle:g} s after the bar first moves, load average {load[0]:.1f} at start"
+    )
+    print(f"trajectory collected in {time.perf_counter() - start:.0f} s", flush=True)
+    print(label, flush=True)
+    rows = [
+        measure(name, make, settle)
+        for name, make in actions(model, traj, run, big)
+        if not only or name in only
+    ]
+    umap_worker.WORKER.stop()
+    label += f", {os.getloadavg()[0]:.1f} at end"
+    print()
+    print(markdown(label, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--huginn", action="store_true", help="the Huginn-0125 shape in bf16")
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds of work before Stop")
+    parser.add_argument("--only", default="", help="comma-separated action names to run")
+    args = parser.parse_args()
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("streamlit"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    only = set(filter(None, args.only.split(",")))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary checkpoint goes
+    if args.huginn:
+        with tempfile.TemporaryDirectory(prefix="huginn-random-") as tmp:
+            start = time.perf_counter()
+            huginn_checkpoint(Path(tmp))
+            print(f"random Huginn-0125-shape checkpoint written in "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
+            model = compute.load(tmp, "cpu", None, compute.checkpoint_signature(Path(tmp)))
+            bench_model(model, tmp, False, args.settle, only)
+        return
+    model = compute.load(str(ROOT / "checkpoints/default"), "cpu", None, "bench")
+    bench_model(model, "checkpoints/default", True, args.settle, only)
+
+
+if __name__ == "__main__":
+    main()
