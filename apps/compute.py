@@ -323,7 +323,7 @@ LENS_CHUNK_BYTES = 2**28  # workbench.lens's own default
 
 def lens_chunk_bytes(config, tokens: int, kind: str) -> int:
     """The ``chunk_bytes`` that keeps a lens chunk within LENS_CHUNK_FLOPS (the default where
-    that already holds, so a small model's lens is computed as before)."""
+    that already holds, so a small model's lens keeps the default chunking)."""
     states = max(1, int(LENS_CHUNK_FLOPS // cost.lens_flops(config, tokens, 0, kind)))
     return min(LENS_CHUNK_BYTES, states * tokens * config.vocab_size * 4 * 3)
 
