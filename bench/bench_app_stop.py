@@ -117,9 +117,9 @@ class CpuWindows:
         return b - a, c - b
 
 
-def measure(name: str, make: Callable[[], Task], settle: float) -> Row:
+def measure(name: str, make: Callable[[Setup], Task], setup: Setup, settle: float) -> Row:
     """Run one action, press Stop ``settle`` s after its bar moves, measure latency and CPU."""
-    task, running = make()
+    task, running = make(setup)
     windows = CpuWindows()
     stopped = stop_driver.run_then_stop(
         task, running, settle=settle, start_timeout=600, join_timeout=120, on_stop=windows.start
@@ -142,90 +142,116 @@ def moving(progress: compute.TaskProgress) -> Callable[[], bool]:
     return lambda: progress.updates > 0
 
 
-def actions(model, traj, run: inputs.RunSettings, big: bool) -> list[tuple[str, Callable]]:
-    """Each heavy action as (name, a maker of a fresh (task, running) pair), sized so that each
-    runs well past the settle time on this model."""
-    ids, steps = run.token_ids, run.num_steps
-    many = 200 if big else 32  # steps or tokens where the shipped model is fast
-    vector = traj.states[0][-1, -1]
-    tokens = [str(i) for i in ids]
-    guess = compute.estimate(model, len(ids), steps, 1)
+@dataclass
+class Setup:
+    """The model and trajectory every action runs on, and the sizes that keep each one running
+    well past the settle time on this model (``big``: the shipped model, which is fast)."""
 
-    def collection() -> Task:
-        longer = inputs.RunSettings(ids, many, tuple(range(16 if big else 4)), 1.0)
-        p = compute.CollectProgress("collection", guess)
-        return lambda: compute.trajectory(model, longer, _progress=p), moving(p)
+    model: object
+    traj: object
+    run: inputs.RunSettings
+    big: bool
 
-    def lens(kind: str) -> Callable[[], Task]:
-        def make() -> Task:
-            p = bar(f"{kind} lens", guess)
-            return lambda: compute.lens(model, traj, tokens, kind, _progress=p), moving(p)
+    @property
+    def many(self) -> int:
+        """Steps or new tokens of the long actions."""
+        return 200 if self.big else 32
 
-        return make
+    @property
+    def vector(self):
+        return self.traj.states[0][-1, -1]
 
-    def generation() -> Task:
-        p = bar("generation", guess)
-        return lambda: compute.generation(model, ids, many, steps, None, None, 1.0, _progress=p), (
-            moving(p)
-        )
+    def guess(self) -> cost.CostEstimate:
+        return compute.estimate(self.model, len(self.run.token_ids), self.run.num_steps, 1)
 
-    def patching() -> Task:
-        pair = patching_pair(model)
-        clean, corrupted = pair.clean_ids, pair.corrupted_ids
-        patches = intervention_compute.patches_to_run(clean, corrupted, steps, "each")
-        plan, batch = intervention_compute.patching_plan(model, len(clean), steps, patches)
-        p = bar("patching", plan)
-        return lambda: intervention_compute.patching(
-            model, clean, corrupted, steps, STATE, "each", "denoising", 1.0, 0, "logit_diff",
-            pair.target, pair.corrupted_target, batch_size=batch, _progress=p,
-        ), moving(p)  # fmt: skip
 
-    def ablation() -> Task:
-        planes = 32 if big else 8
-        plan, batch = intervention_compute.ablation_plan(model, len(ids), steps, planes)
-        p = bar("ablation", plan)
-        return lambda: intervention_compute.ablation(
-            model, ids, steps, len(ids) - 1, planes, batch_size=batch, _progress=p
-        ), moving(p)
+def collection(s: Setup) -> Task:
+    longer = inputs.RunSettings(s.run.token_ids, s.many, tuple(range(16 if s.big else 4)), 1.0)
+    p = compute.CollectProgress("collection", s.guess())
+    return lambda: compute.trajectory(s.model, longer, _progress=p), moving(p)
 
-    def steering() -> Task:
-        p = bar("steering", guess)
-        return lambda: intervention_compute.steering(
-            model, ids, steps, vector, None, "add", 1.0, (1, steps), _progress=p
-        ), moving(p)
 
-    def steered() -> Task:
-        p = bar("steered continuation", guess)
-        return lambda: intervention_compute.steered_text(
-            model, ids, steps, vector, None, "add", 1.0, (1, steps), many, _progress=p
-        ), moving(p)
+def lens(kind: str) -> Callable[[Setup], Task]:
+    def make(s: Setup) -> Task:
+        p, tokens = bar(f"{kind} lens", s.guess()), [str(i) for i in s.run.token_ids]
+        return lambda: compute.lens(s.model, s.traj, tokens, kind, _progress=p), moving(p)
 
-    def stability() -> Task:
-        p = stability_compute.stability_progress(len(ids) - 1, guess)
-        return lambda: stability_compute.token_stability(
-            model, traj, run, len(ids) - 1, 8 if big else 2, _progress=p
-        ), lambda: p.updates > 1
+    return make
 
-    def diffusion() -> Task:
-        p = bar("diffusion", guess)
-        return lambda: compute.diffusion_run(
-            model, ids, many, steps, 4, 1, 0.0, "latent-diff", 1.0, _progress=p
-        ), moving(p)
 
-    def umap() -> Task:
-        umap_worker.WORKER.stop()
-        p = compute.TaskProgress(
-            "UMAP", "s", cost.umap_estimate((traj.num_steps + 1) * traj.n_tokens)
-        )
-        started = lambda: umap_worker.WORKER.pid is not None and p.updates > 0  # noqa: E731
-        return lambda: compute.umap(traj, _progress=p), started
+def generation(s: Setup) -> Task:
+    p, ids = bar("generation", s.guess()), s.run.token_ids
+    return lambda: compute.generation(
+        s.model, ids, s.many, s.run.num_steps, None, None, 1.0, _progress=p
+    ), moving(p)
 
-    return [
-        ("collection", collection), ("coda lens", lens("coda")), ("logit lens", lens("logit")),
-        ("generation", generation), ("patching", patching), ("ablation", ablation),
-        ("steering", steering), ("steered continuation", steered), ("stability", stability),
-        ("diffusion sampler", diffusion), ("UMAP", umap),
-    ]  # fmt: skip
+
+def patching(s: Setup) -> Task:
+    pair, steps = patching_pair(s.model), s.run.num_steps
+    clean, corrupted = pair.clean_ids, pair.corrupted_ids
+    patches = intervention_compute.patches_to_run(clean, corrupted, steps, "each")
+    plan, batch = intervention_compute.patching_plan(s.model, len(clean), steps, patches)
+    p = bar("patching", plan)
+    return lambda: intervention_compute.patching(
+        s.model, clean, corrupted, steps, STATE, "each", "denoising", 1.0, 0, "logit_diff",
+        pair.target, pair.corrupted_target, batch_size=batch, _progress=p,
+    ), moving(p)  # fmt: skip
+
+
+def ablation(s: Setup) -> Task:
+    ids, steps, planes = s.run.token_ids, s.run.num_steps, 32 if s.big else 8
+    plan, batch = intervention_compute.ablation_plan(s.model, len(ids), steps, planes)
+    p = bar("ablation", plan)
+    return lambda: intervention_compute.ablation(
+        s.model, ids, steps, len(ids) - 1, planes, batch_size=batch, _progress=p
+    ), moving(p)
+
+
+def steering(s: Setup) -> Task:
+    p, steps = bar("steering", s.guess()), s.run.num_steps
+    return lambda: intervention_compute.steering(
+        s.model, s.run.token_ids, steps, s.vector, None, "add", 1.0, (1, steps), _progress=p
+    ), moving(p)
+
+
+def steered(s: Setup) -> Task:
+    p, steps = bar("steered continuation", s.guess()), s.run.num_steps
+    return lambda: intervention_compute.steered_text(
+        s.model, s.run.token_ids, steps, s.vector, None, "add", 1.0, (1, steps), s.many,
+        _progress=p,
+    ), moving(p)  # fmt: skip
+
+
+def stability(s: Setup) -> Task:
+    last = len(s.run.token_ids) - 1
+    p = stability_compute.stability_progress(last, s.guess())
+    return lambda: stability_compute.token_stability(
+        s.model, s.traj, s.run, last, 8 if s.big else 2, _progress=p
+    ), lambda: p.updates > 1
+
+
+def diffusion(s: Setup) -> Task:
+    p = bar("diffusion", s.guess())
+    return lambda: compute.diffusion_run(
+        s.model, s.run.token_ids, s.many, s.run.num_steps, 4, 1, 0.0, "latent-diff", 1.0,
+        _progress=p,
+    ), moving(p)  # fmt: skip
+
+
+def umap(s: Setup) -> Task:
+    umap_worker.WORKER.stop()
+    states = (s.traj.num_steps + 1) * s.traj.n_tokens
+    p = compute.TaskProgress("UMAP", "s", cost.umap_estimate(states))
+    started = lambda: umap_worker.WORKER.pid is not None and p.updates > 0  # noqa: E731
+    return lambda: compute.umap(s.traj, _progress=p), started
+
+
+ACTIONS: list[tuple[str, Callable[[Setup], Task]]] = [
+    ("collection", collection), ("coda lens", lens("coda")), ("logit lens", lens("logit")),
+    ("generation", generation), ("patching", patching), ("ablation", ablation),
+    ("steering", steering), ("steered continuation", steered), ("stability", stability),
+    ("diffusion sampler", diffusion), ("UMAP", umap),
+]  # fmt: skip
 
 
 def markdown(label: str, rows: list[Row]) -> str:
@@ -257,10 +283,9 @@ def bench_model(model, key: str, big: bool, settle: float, only: set[str]) -> No
     )
     print(f"trajectory collected in {time.perf_counter() - start:.0f} s", flush=True)
     print(label, flush=True)
+    setup = Setup(model, traj, run, big)
     rows = [
-        measure(name, make, settle)
-        for name, make in actions(model, traj, run, big)
-        if not only or name in only
+        measure(name, make, setup, settle) for name, make in ACTIONS if not only or name in only
     ]
     umap_worker.WORKER.stop()
     label += f", {os.getloadavg()[0]:.1f} at end"
