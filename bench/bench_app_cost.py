@@ -17,7 +17,6 @@ Usage: python bench/bench_app_cost.py [--huginn] [--steps N] [--seeds N] [--skip
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")  # the app's functions run bare here
 
+import streamlit.logger  # noqa: E402
 import torch  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
@@ -224,9 +224,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="default: 5, or 1 with --huginn")
     parser.add_argument("--skip", default="", help="comma-separated actions to leave out")
     args = parser.parse_args()
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith("streamlit"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    streamlit.logger.set_log_level("error")  # every streamlit logger, those made later too
     warnings.filterwarnings("ignore")
     skip = set(filter(None, args.skip.split(",")))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary checkpoint goes

@@ -18,7 +18,6 @@ Usage: python bench/bench_app_stop.py [--huginn] [--settle S] [--only collection
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -37,6 +36,7 @@ os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")  # the app's functions 
 
 import psutil  # noqa: E402
 import stop_driver  # noqa: E402
+import streamlit.logger  # noqa: E402
 import torch  # noqa: E402
 from bench_app_cost import huginn_checkpoint  # noqa: E402
 
@@ -299,9 +299,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds of work before Stop")
     parser.add_argument("--only", default="", help="comma-separated action names to run")
     args = parser.parse_args()
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith("streamlit"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    streamlit.logger.set_log_level("error")  # every streamlit logger, those made later too
     warnings.filterwarnings("ignore")
     only = set(filter(None, args.only.split(",")))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary checkpoint goes
