@@ -7,15 +7,19 @@ reports progress.
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
+from torch.func import jvp
 
 import workbench
 from recurrent_model.threads import threads_for
+from workbench.core_map import problems
 from workbench.lyapunov import lyapunov_run, spectrum_frame
 from workbench.spectrum import arnoldi_jvps
 from workbench.stretch_attribution import stretch_attribution
@@ -25,8 +29,6 @@ from .cached import cached_analysis
 from .inputs import RunSettings
 from .progress import TaskProgress
 
-#: A JVP costs about this many core passes (dual numbers; measured on the default checkpoint).
-JVP_PASSES = 2.0
 #: Core passes a fixed-point search may spend.
 FIXED_POINT_PASSES = 200
 #: Seconds between two moves of the stability bar (each one a point where Stop acts).
@@ -39,21 +41,59 @@ def typical_arnoldi_jvps(k: int, h: int) -> int:
     return 3 * arnoldi_jvps(k, h)[0]
 
 
-def stability_passes(num_steps: int, k: int, h: int) -> int:
-    """Core-pass equivalents of one token's analysis (the fixed point at its budget)."""
-    lyapunov = num_steps * (1 + JVP_PASSES * k)
-    attribution = num_steps * (1 + JVP_PASSES) + 2 * JVP_PASSES
-    arnoldi = typical_arnoldi_jvps(k, h) * JVP_PASSES
+#: The longest prefix :func:`jvp_passes` measures over (a longer one costs seconds at 3.5B).
+JVP_PROBE_TOKENS = 8
+_JVP_PASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def jvp_passes(model, tokens: int = 1) -> float:
+    """What one JVP of a token's block map costs in plain calls of it, measured once per model
+    and prefix length (up to JVP_PROBE_TOKENS): forward-mode AD's overhead depends on the dtype,
+    the width, the device and the rows per call (from about 3 to 8 on a CPU), so no constant
+    holds for every model."""
+    n = max(1, min(tokens, JVP_PROBE_TOKENS, model.config.block_size))
+    measured = _JVP_PASSES.setdefault(model, {})
+    if n not in measured:
+        measured[n] = _measured_jvp_passes(model, n)
+    return measured[n]
+
+
+def _measured_jvp_passes(model, tokens: int) -> float:
+    """One plain call and one JVP of the last token's block map over a ``tokens`` prefix (the
+    model's dtype), each after one untimed call that pays its first-use costs."""
+    rows, _ = problems(model, [0] * tokens, None, 1, 0.0)
+    block = rows[0].map.block(tokens - 1, rows[0].context)
+    x = rows[0].context[tokens - 1]
+    tangent = torch.ones_like(x)
+
+    def seconds(call: Callable[[], object]) -> float:
+        call()
+        start = time.perf_counter()
+        call()
+        return time.perf_counter() - start
+
+    with threads_for(model):
+        with torch.no_grad():
+            plain = seconds(lambda: block(x))
+        forward = seconds(lambda: jvp(block, (x,), (tangent,)))
+    return max(1.0, forward / max(plain, 1e-9))
+
+
+def stability_passes(num_steps: int, k: int, h: int, jvp_cost: float) -> int:
+    """Core-pass equivalents of one token's analysis (the fixed point at its budget), a JVP
+    counted as ``jvp_cost`` passes."""
+    lyapunov = num_steps * (1 + jvp_cost * k)
+    attribution = num_steps * (1 + jvp_cost) + 2 * jvp_cost
+    arnoldi = typical_arnoldi_jvps(k, h) * jvp_cost
     return int(np.ceil(lyapunov + attribution + arnoldi + FIXED_POINT_PASSES))
 
 
 def estimate(model, tokens: int, num_steps: int, k: int) -> cost.CostEstimate:
     """The estimated cost of :func:`token_stability` on this device: its core-pass equivalents
-    as one forward of that depth over the token's prefix, each pass's block calls at
-    ``JVP_PASSES`` times a plain call's cost."""
-    passes = stability_passes(num_steps, k, model.config.n_embd)
+    (a JVP at :func:`jvp_passes`) as one forward of that depth over the token's prefix."""
+    passes = stability_passes(num_steps, k, model.config.n_embd, jvp_passes(model, tokens))
     flops = cost.forward_flops(model.config, tokens, passes)
-    calls = int(JVP_PASSES * cost.forward_calls(model.config, passes))
+    calls = cost.forward_calls(model.config, passes)
     return compute.estimate_flops(model, flops, rows=tokens, calls=calls, action="stability")
 
 

@@ -42,16 +42,17 @@ def series_estimate(ctx: Context, found: list[tuple[int, Path]]) -> tuple[cost.C
 
 def stability_series_estimate(ctx: Context, found: list[tuple[int, Path]]) -> cost.CostEstimate:
     """The series with every token's λ_1 as well: per checkpoint, the steps of one forward and
-    the JVP of each (stability_compute.JVP_PASSES passes), over the prompt's tokens."""
+    the JVP of each (:func:`stability_compute.jvp_passes` plain passes), over the prompt's tokens."""
     config = RecurrentConfig.from_json(found[0][1] / "config.json")
     r = config.mean_recurrence
     depths = tuple(sorted({1, 2, 4, r, 2 * r, 4 * r}))
     tokens, steps, seeds = len(ctx.run.token_ids), ctx.run.num_steps, len(ctx.run.seeds)
-    passes = int(steps * (1 + stability_compute.JVP_PASSES))
+    jvp_cost = stability_compute.jvp_passes(ctx.model, tokens)
+    passes = int(steps * (1 + jvp_cost))
     flops = cost.checkpoint_series_flops(config, tokens, depths, steps, seeds, len(found))
     flops += len(found) * cost.forward_flops(config, tokens, passes)
     calls = cost.checkpoint_series_calls(config, depths, steps, seeds, len(found))
-    calls += len(found) * int(stability_compute.JVP_PASSES * cost.forward_calls(config, passes))
+    calls += len(found) * cost.forward_calls(config, passes)
     return compute.estimate_flops(
         ctx.model, flops, rows=tokens, calls=calls, action="series stability"
     )

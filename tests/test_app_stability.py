@@ -52,3 +52,27 @@ def test_training_tab_shows_lambda_1_per_checkpoint_on_request(tmp_path):
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert "series_stability_fig" in {c.key for c in at.get("plotly_chart")}
+
+
+def test_a_jvps_cost_is_measured_once_per_model_and_prefix(monkeypatch):
+    """The stability estimate counts a JVP at the cost measured on this model (forward-mode AD
+    costs 3-8 plain calls on a CPU, depending on dtype, width and rows), not a constant."""
+    from apps import stability_compute
+
+    model = fallback_model(seed=3)
+    calls: list[int] = []
+    measure = stability_compute._measured_jvp_passes
+
+    def counted(m, tokens):
+        calls.append(tokens)
+        return measure(m, tokens)
+
+    monkeypatch.setattr(stability_compute, "_measured_jvp_passes", counted)
+    ratio = stability_compute.jvp_passes(model, 5)
+    assert ratio >= 1.0 and stability_compute.jvp_passes(model, 5) == ratio
+    stability_compute.jvp_passes(model, 500)  # capped at JVP_PROBE_TOKENS
+    stability_compute.jvp_passes(model, 1000)
+    assert calls == [5, stability_compute.JVP_PROBE_TOKENS]
+    cheap = stability_compute.estimate(model, 5, 8, 2).seconds
+    monkeypatch.setitem(stability_compute._JVP_PASSES[model], 5, 10 * ratio)
+    assert stability_compute.estimate(model, 5, 8, 2).seconds > 2 * cheap
