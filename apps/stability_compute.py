@@ -18,6 +18,7 @@ import torch
 from torch.func import jvp
 
 import workbench
+from recurrent_model.speed import synchronize
 from recurrent_model.threads import threads_for
 from workbench.core_map import problems
 from workbench.lyapunov import lyapunov_run, spectrum_frame
@@ -68,8 +69,10 @@ def _measured_jvp_passes(model, tokens: int) -> float:
 
     def seconds(call: Callable[[], object]) -> float:
         call()
+        synchronize(x.device)
         start = time.perf_counter()
         call()
+        synchronize(x.device)
         return time.perf_counter() - start
 
     with threads_for(model):

@@ -89,7 +89,8 @@ def format_gflops(flops_per_second: float) -> str:
     return f"{g:.0f} GFLOP/s" if g >= 10 else f"{g:.2g} GFLOP/s"
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA and ROCm), so a wall-clock timing covers it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -120,12 +121,12 @@ def random_weights(config: RecurrentConfig, dtype: torch.dtype, device: str) -> 
 def _timed(x: torch.Tensor, weights: Sequence[torch.Tensor], rounds: int) -> float:
     """Seconds of ``rounds`` rounds of F.linear(x[..., :in], w) over the weights."""
     inputs = [x[:, : w.shape[1]] for w in weights]
-    _sync(x.device)
+    synchronize(x.device)
     start = time.perf_counter()
     for _ in range(rounds):
         for xi, w in zip(inputs, weights):
             F.linear(xi, w)
-    _sync(x.device)
+    synchronize(x.device)
     return time.perf_counter() - start
 
 
@@ -267,10 +268,10 @@ def measure_call_overhead(device: str, dtype: torch.dtype, steps: int = 8) -> Ca
     with torch.inference_mode():
         tiny(ids, num_steps=steps)  # warm-up
         for _ in range(3):
-            _sync(torch.device(device))
+            synchronize(torch.device(device))
             start = time.perf_counter()
             tiny(ids, num_steps=steps)
-            _sync(torch.device(device))
+            synchronize(torch.device(device))
             best = min(best, time.perf_counter() - start)
     per_call = best / tiny.config.cost.layer_calls(steps)
     name = str(dtype).removeprefix("torch.")
