@@ -200,16 +200,18 @@ def prompt_then_steps(
     return replace(both, seconds=ratio * both.seconds, calibration=ratio, on_done=recorder)
 
 
-def generation_estimate(model, tokens: int, new_tokens: int, num_steps: int) -> cost.CostEstimate:
-    """The estimated time of generating ``new_tokens`` after a ``tokens``-token prompt at
-    ``num_steps`` iterations (no early exit): the prompt at the speed of F.linear over its
-    tokens, each new token at that of one row."""
+def generation_estimate(
+    model, tokens: int, new_tokens: int, num_steps: int, runs: int = 1, action: str = "generation"
+) -> cost.CostEstimate:
+    """The estimated time of ``runs`` generations of ``new_tokens`` after a ``tokens``-token prompt
+    at ``num_steps`` iterations (no early exit), calibrated as one ``action``: each prompt at the
+    speed of F.linear over its tokens, each new token at that of one row."""
     config = model.config
     prompt = cost.forward_flops(config, tokens, num_steps)
     decode = cost.generation_flops(config, tokens, new_tokens, num_steps) - prompt
     return prompt_then_steps(
-        model, "generation", (prompt, tokens, cost.forward_calls(config, num_steps)),
-        (decode, 1, cost.forward_calls(config, num_steps, new_tokens)),
+        model, action, (runs * prompt, tokens, runs * cost.forward_calls(config, num_steps)),
+        (runs * decode, 1, runs * cost.forward_calls(config, num_steps, new_tokens)),
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from workbench.interventions_common import run_init
 
 from . import cost
 from .cached import cached_analysis
-from .compute import TaskProgress, estimate_flops, prompt_then_steps
+from .compute import TaskProgress, estimate_flops, generation_estimate
 
 
 def corrupt(token_ids: tuple[int, ...], position: int, token_id: int) -> tuple[int, ...]:
@@ -206,15 +206,8 @@ def _forwards(model, progress: TaskProgress | None, forwards: int = 0, num_steps
 
 def steered_text_estimate(model, tokens: int, new_tokens: int, num_steps: int) -> cost.CostEstimate:
     """The estimated time of two greedy continuations (without and with the hook), calibrated
-    by the last one: each the prompt's forward, then one forward per new token."""
-    config = model.config
-    prompt = cost.forward_flops(config, tokens, num_steps)
-    decode = cost.generation_flops(config, tokens, new_tokens, num_steps) - prompt
-    return prompt_then_steps(
-        model, "steered generation",
-        (2 * prompt, tokens, 2 * cost.forward_calls(config, num_steps)),
-        (2 * decode, 1, 2 * cost.forward_calls(config, num_steps, new_tokens)),
-    )  # fmt: skip
+    by the last one."""
+    return generation_estimate(model, tokens, new_tokens, num_steps, 2, "steered generation")
 
 
 @cached_analysis(keyed=("model",), max_entries=8)
