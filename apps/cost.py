@@ -233,11 +233,6 @@ def generation_flops(
     return forward_flops(config, prompt_tokens, num_steps) + decode
 
 
-def generation_calls(config: RecurrentConfig, new_tokens: int, num_steps: int) -> int:
-    """Block calls of a generation: the prompt's forward and one per new token."""
-    return forward_calls(config, num_steps, 1 + new_tokens)
-
-
 LENS_KINDS = ("coda", "logit")
 
 
