@@ -14,8 +14,10 @@ the diagonal).
   matmuls dominate, and one block compiles far faster than a whole prefill graph.
 
 Inductor fuses the element-wise work (norms, RoPE, SiLU, residual adds, the cache write). On the CPU
-a batch-1 decode token becomes a single C++ kernel with a C++ launcher (``cpp_wrapper``), its
-projections and attention written as sums (see :func:`functional.linear`). On a CUDA (or ROCm) GPU
+a batch-1 decode token becomes a single C++ kernel with a C++ launcher and one memory pool for its
+intermediates (``CPU_OPTIONS``), its projections and attention written as sums (see
+:func:`functional.linear`), its attention reading the cache up to the token's position (a length
+marked dynamic, :func:`_key_ranges`). On a CUDA (or ROCm) GPU
 ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache storage is kept at one
 static address per model and shape. The first call for a new shape pays the compile; later calls
 with the same shapes, depth and cache budget reuse it, and ``compile_seconds`` reports what a call
@@ -51,9 +53,22 @@ if TYPE_CHECKING:
 #: The decode piece's tensor arguments, in order (see _decode_piece), and those of them that change
 #: from token to token; every other input of its graph is fixed by the CompiledDecode (weights, RoPE
 #: table, cache slot views).
-_PIECE_ARGS = ("w", "x", "positions", "rope", "state", "slots", "key_valid")
-_PER_TOKEN_ARGS = ("x", "positions", "state", "key_valid")
-_PER_TOKEN = {f"L['{name}']": i for i, name in enumerate(_PER_TOKEN_ARGS)}
+_PIECE_ARGS = ("w", "x", "positions", "rope", "state", "slots", "key_valid", "keys")
+_PER_TOKEN_ARGS = ("x", "positions", "state", "key_valid", "keys")
+_PER_TOKEN_SOURCE = re.compile(r"L\['(\w+)'\](?:\.size\(\)\[(\d+)\])?")
+
+
+def per_token_source(source: str) -> tuple[int, int | None] | None:
+    """Where a graph input named ``source`` comes from among the per-token arguments: (index in
+    _PER_TOKEN_ARGS, None) for the tensor itself, (index, dim) for one of its sizes (a length marked
+    dynamic); None for any other source."""
+    match = _PER_TOKEN_SOURCE.fullmatch(source)
+    if match is None or match.group(1) not in _PER_TOKEN_ARGS:
+        return None
+    dim = match.group(2)
+    return _PER_TOKEN_ARGS.index(match.group(1)), None if dim is None else int(dim)
+
+
 #: A decode piece's two results: None for one its graph computes, else the index in _PER_TOKEN_ARGS of
 #: the input it passes through (dynamo returns that input itself; the graph has no output for it)
 Outputs = tuple[int | None, int | None]
@@ -80,12 +95,17 @@ def compile_mode(device: torch.device | str) -> str | None:
 
 
 class _StaticSlot:
-    """A :class:`functional.KVCacheSlot` over one whole cache slot (B, 2·heads, max_length, D)."""
+    """A :class:`functional.KVCacheSlot` over one whole cache slot (B, 2·heads, max_length, D),
+    attending over its first ``n_keys`` positions (all of them when None)."""
 
     def __init__(
-        self, kv: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None
+        self,
+        kv: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        n_keys: int | torch.SymInt | None = None,
     ) -> None:
-        self.kv, self.positions, self.mask = kv, positions, mask
+        self.kv, self.positions, self.mask, self.n_keys = kv, positions, mask, n_keys
 
     def update(
         self, k: torch.Tensor, v: torch.Tensor
@@ -100,13 +120,21 @@ class _StaticSlot:
             # makes it compute them all)
             T = k.shape[2]
             return self.kv[:, :H, :T], self.kv[:, H:, :T], None
-        return self.kv[:, :H], self.kv[:, H:], self.mask
+        if self.n_keys is None:
+            return self.kv[:, :H], self.kv[:, H:], self.mask
+        # narrow, not a slice: a slice's end may pass the size (and is clamped), which makes dynamo
+        # specialise a dynamic length equal to the size
+        keys = self.kv.narrow(2, 0, self.n_keys)
+        return keys[:, :H], keys[:, H:], self.mask
 
 
 def _static_slots(
-    kvs: tuple[torch.Tensor, ...], positions: torch.Tensor, mask: torch.Tensor | None
+    kvs: tuple[torch.Tensor, ...],
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    n_keys: int | torch.SymInt | None = None,
 ) -> list[_StaticSlot]:
-    return [_StaticSlot(kv, positions, mask) for kv in kvs]
+    return [_StaticSlot(kv, positions, mask, n_keys) for kv in kvs]
 
 
 #: Core iterations one compiled decode graph unrolls at most. Compile time grows faster than the
@@ -141,6 +169,7 @@ def _decode_piece(
     state: torch.Tensor,
     slots: tuple[torch.Tensor, ...],
     key_valid: torch.Tensor | None,
+    keys: torch.Tensor,
     num_steps: int,
     first: bool,
     last: bool,
@@ -153,13 +182,16 @@ def _decode_piece(
     that each write touches its slot only. The per-token host work is in the graph too: the RoPE row
     and the attention mask come from ``positions`` (1,), the whole RoPE table ``rope`` and the
     padding mask ``key_valid`` (B, L) or None. (On the CPU each eager op between two tokens runs
-    with caches just flushed by the weights.)
+    with caches just flushed by the weights.) Attention reads the first ``len(keys)`` positions of
+    each slot: on the CPU a length marked dynamic that covers the token's position, so that a token
+    reads the cache written so far instead of the whole slot (see :meth:`CompiledDecode._key_count`).
     """
-    mask = attention_mask(positions, slots[0].shape[2], key_valid)
+    n_keys = keys.shape[0]
+    mask = attention_mask(positions, n_keys, key_valid)
     if key_valid is None:
         mask = mask[None, None]
     rope = rope.index_select(0, positions)
-    calls = _static_slots(slots, positions, mask)
+    calls = _static_slots(slots, positions, mask, n_keys)
     n_prelude, n_core = len(w.prelude) if first else 0, len(w.core)
     at = [stack.core_call_index(n_prelude, n_core, step, 0) for step in range(1, num_steps + 1)]
     parts = stack.SlotList(calls[:n_prelude], [calls[i : i + n_core] for i in at],
@@ -208,9 +240,16 @@ def _source_name(source: Any) -> str:
     return name() if callable(name) else name
 
 
+#: Inductor options of the CPU graphs: a C++ launcher (a decode token is ~100 loops over ~60
+#: inputs, for which a Python launcher costs far more), and one memory pool for the intermediate
+#: buffers. A token fused into one kernel keeps all its ~270 intermediates alive at once, so
+#: inductor cannot reuse them; without the pool the launcher allocates and frees each one per call.
+CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True}
+
+
 class _RecordingInductor:
-    """A dynamo backend: inductor with a C++ launcher (as ``options={"cpp_wrapper": True}``) that
-    keeps, for the graph it just built, what a direct call needs (:class:`_Captured`)."""
+    """A dynamo backend: inductor with ``CPU_OPTIONS`` that keeps, for the graph it just built,
+    what a direct call needs (:class:`_Captured`)."""
 
     def __init__(self) -> None:
         self.captured: _Captured | None = None
@@ -218,7 +257,7 @@ class _RecordingInductor:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx  # the compiler loads on first use only
 
-        run = compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": True})
+        run = compile_fx(gm, example_inputs, config_patches=CPU_OPTIONS)
         try:
             placeholders = gm.graph.find_nodes(op="placeholder")
             sources = tuple(_source_name(n.meta["grapharg"].source) for n in placeholders)
@@ -251,9 +290,9 @@ def resolve_source(source: str, args: dict[str, Any]) -> Any:
 class _DirectGraph:
     """One decode piece's compiled graph called without dynamo's per-call work.
 
-    Every input but the per-token four (``_PER_TOKEN``) is the same object on every token, and those
-    four have fixed shapes, so dynamo's guards over the ~60 inputs and its Python wrappers decide
-    nothing after the first call. The graph's C++ launcher still checks every input's sizes and
+    Every input but the per-token ones (``_PER_TOKEN_ARGS``) is the same object on every token, and
+    those have fixed shapes but for the key count (passed as its size), so dynamo's guards over the
+    ~60 inputs and its Python wrappers decide nothing after the first call. The graph's C++ launcher still checks every input's sizes and
     strides. A piece that passes an input through (the prelude piece's s_0, a middle chunk's e)
     returns that input as dynamo did.
     """
@@ -263,15 +302,19 @@ class _DirectGraph:
     ) -> None:
         named = dict(zip(_PIECE_ARGS, args, strict=False))
         self.run, self.outputs = run, outputs
-        self.inputs = [None if src in _PER_TOKEN else resolve_source(src, named) for src in sources]
-        self.per_token = [
-            (i, _PER_TOKEN[src]) for i, src in enumerate(sources) if src in _PER_TOKEN
-        ]
+        self.inputs: list[Any] = []
+        self.per_token: list[tuple[int, int, int | None]] = []  # (input, argument, size dim)
+        for i, src in enumerate(sources):
+            at = per_token_source(src)
+            self.inputs.append(None if at is not None else resolve_source(src, named))
+            if at is not None:
+                self.per_token.append((i, *at))
 
     def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = list(self.inputs)
-        for i, which in self.per_token:
-            inputs[i] = per_token[which]
+        for i, which, dim in self.per_token:
+            value = per_token[which]
+            inputs[i] = value if dim is None else value.shape[dim]  # type: ignore[union-attr]
         computed = iter(self.run(*inputs))
         first, second = (next(computed) if i is None else per_token[i] for i in self.outputs)
         return first, second
@@ -301,30 +344,38 @@ def _matvec_products(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tens
     return sum(F.linear(x, w) for w in weights)  # type: ignore[return-value]
 
 
-#: Distinct copies of a weight one measurement streams through (so the reads do not all hit a warm
-#: cache), and the timed repeats of which the fastest counts.
-PRODUCT_COPIES, PRODUCT_REPEATS = 4, 7
+#: Distinct copies of a weight one measurement streams through (one graph input each, the same
+#: count for every shape so that one dynamic-shape graph serves them all): enough that most reads
+#: miss the core's own cache, as a decode token's do, and that the call's fixed cost is shared. The
+#: fastest of PRODUCT_REPEATS rounds counts, the two products alternating within each round so that
+#: load changes hit both alike.
+PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
+#: torch's matrix-vector product replaces the sum-written one only when this much faster: within
+#: the measurement's noise the fused sum-written product stays (it keeps the token one kernel).
+MATVEC_MARGIN = 0.9
 
 
 def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float]:
     """Seconds of one batch-1 product with a weight of ``shape`` (out, in) on the CPU, inside a
-    compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); the best of
-    ``PRODUCT_REPEATS`` calls over ``PRODUCT_COPIES`` weights, per weight."""
+    compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); per weight,
+    the best of ``PRODUCT_REPEATS`` interleaved rounds over ``PRODUCT_COPIES`` weights."""
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
     x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
-    seconds = {}
-    for name, target in (("sum", _sum_written_products), ("matvec", _matvec_products)):
-        call = torch.compile(target, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
-        with torch.inference_mode():
+    calls = {
+        name: torch.compile(target, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
+        for name, target in (("sum", _sum_written_products), ("matvec", _matvec_products))
+    }
+    best = dict.fromkeys(calls, float("inf"))
+    with torch.inference_mode():
+        for call in calls.values():
             call(x, weights)  # compiles (once per process: dynamo keeps it for these shapes)
-            best = float("inf")
-            for _ in range(PRODUCT_REPEATS):
+        for _ in range(PRODUCT_REPEATS):
+            for name, call in calls.items():
                 t0 = time.perf_counter()
                 call(x, weights)
-                best = min(best, time.perf_counter() - t0)
-        seconds[name] = best / PRODUCT_COPIES
-    return seconds
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: seconds / PRODUCT_COPIES for name, seconds in best.items()}
 
 
 class CompileState:
@@ -363,24 +414,23 @@ class CompileState:
         self, config: RecurrentConfig, dtype: torch.dtype
     ) -> tuple[tuple[int, int], ...]:
         """The weight shapes of ``config`` (its cost model's) whose batch-1 CPU products in
-        ``dtype`` run faster as torch's matrix-vector product than sum-written, each shape
-        measured once (:func:`time_products`)."""
+        ``dtype`` run faster as torch's matrix-vector product than sum-written (by
+        ``MATVEC_MARGIN``), each shape measured once (:func:`time_products`)."""
         chosen = []
         for shape in sorted(set(config.cost.weight_shapes().values())):
             key = (shape, dtype)
             if key not in self.products:
                 self.products[key] = time_products(shape, dtype)
             timing = self.products[key]
-            if timing["matvec"] < timing["sum"]:
+            if timing["matvec"] < MATVEC_MARGIN * timing["sum"]:
                 chosen.append(shape)
         return tuple(chosen)
 
     def function(self, which: str, key: tuple, mode: str | None) -> _CompiledFunction:
         """The compiled "decode" piece or "prefill" block for graph ``key`` (built on first use).
 
-        On the CPU the graph's launcher is generated C++ too (cpp_wrapper): a decode token is ~100
-        kernels, for which a Python launcher costs far more than the C++ one. The CPU decode's
-        inductor records what a direct call needs, on the torch releases where that was checked.
+        On the CPU inductor builds it with ``CPU_OPTIONS``; the CPU decode's inductor also records
+        what a direct call needs, on the torch releases where that was checked.
         """
         held = self.functions.get((which, key))
         if held is not None:
@@ -392,7 +442,7 @@ class CompileState:
             recorder = _RecordingInductor()
             call = torch.compile(target, backend=recorder, dynamic=dynamic, fullgraph=True)
         else:
-            options = {"cpp_wrapper": True} if mode is None else None
+            options = CPU_OPTIONS if mode is None else None
             call = torch.compile(
                 target, mode=mode, dynamic=dynamic, fullgraph=True, options=options
             )
@@ -434,7 +484,7 @@ class CompileState:
         if (
             sources is None
             or captured.n_outputs != outputs.count(None)
-            or not all(src in _PER_TOKEN or src.startswith(fixed) for src in sources)
+            or not all(per_token_source(src) or src.startswith(fixed) for src in sources)
         ):
             return None
         try:
@@ -454,6 +504,32 @@ def compile_state(model: RecurrentLM) -> CompileState:
     if state is None:
         state = model._compile_state = CompileState()
     return state
+
+
+#: Key positions a CPU decode token reads come in whole blocks of this many (see _key_ranges).
+KEY_BLOCK = 16
+
+
+def _key_ranges(length: int, device: torch.device, dynamic: bool) -> list[torch.Tensor]:
+    """Per cache position, the key positions a decode token there attends over.
+
+    Under CUDA graphs (not ``dynamic``) shapes are static: every token reads all ``length``. Else a
+    token reads the positions up to its own, rounded up to a whole ``KEY_BLOCK`` (the positions past
+    it are masked), as views of one ``arange`` whose length is marked dynamic, so that one compiled
+    graph serves every length and a token early in a long cache does not stream the cache's unwritten
+    rest. The whole length stays unmarked: there the narrowed cache view is contiguous, which a
+    trace would check and fix as a constant, so a graph traced at a shorter length guards it out and
+    dynamo gives the whole length a graph of its own; the direct callers run the dynamic graph at
+    every length (:meth:`CompiledDecode._compiled_piece`).
+    """
+    every = torch.arange(length, device=device)
+    if not dynamic:
+        return [every] * length
+    views = {length: every}
+    for n in range(KEY_BLOCK, length, KEY_BLOCK):
+        views[n] = every[:n]
+        torch._dynamo.mark_dynamic(views[n], 0)
+    return [views[min(length, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK)] for p in range(length)]
 
 
 class CompiledDecode:
@@ -485,6 +561,7 @@ class CompiledDecode:
         # and one position tensor per cache position, built once instead of per token
         self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
         self.positions = torch.arange(cache.max_length, device=model.device).split(1)
+        self.keys = _key_ranges(cache.max_length, model.device, dynamic=mode is None)
         self.shape_key = (cache.kv.shape[1], cache.max_length, model.dtype, mode)
         self.zero_state: torch.Tensor | None = None
         self.direct: dict[int, _DirectGraph | None] = {}  # per piece, once looked up
@@ -542,24 +619,45 @@ class CompiledDecode:
                 self.zero_state = torch.zeros(*ids.shape, self.model.config.n_embd,
                                               device=ids.device, dtype=self.model.dtype)  # fmt: skip
             state = self.zero_state
-        positions, key_valid = self.positions[start], self.cache.key_valid
+        positions, key_valid, keys = self.positions[start], self.cache.key_valid, self.keys[start]
         for i, piece in enumerate(self.pieces):
             direct = self.direct.get(i)
             if direct is not None and state.dtype == self.model.dtype:
-                state, x = direct(x, positions, state, key_valid)
+                state, x = direct(x, positions, state, key_valid, keys)
                 continue
             key = (*self.shape_key, key_valid is None, self.weights.matvec, *piece.key)
-            args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid,
+            args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid, keys,
                     piece.num_steps, piece.first, piece.last)  # fmt: skip
-            decode = self.state.function("decode", key, self.mode)
-            if decode.recorder is not None:
-                decode.recorder.captured = None
-            out = self._timed(key, decode.call, args)
-            if i not in self.direct and self.mode is None:
-                captured = decode.recorder.captured if decode.recorder is not None else None
-                self.direct[i] = self.state.direct_graph(key, captured, args, out)
-            state, x = out
+            state, x = self._compiled_piece(i, key, args)
         return state, x  # the last piece returns (logits, latents)
+
+    def _compiled_piece(self, i: int, key: tuple, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """Piece ``i`` through its compiled graph for ``key``: called directly when one was found
+        for the key before, else through torch.compile (compiling on the key's first call) and its
+        direct caller looked up."""
+        per_token = [args[_PIECE_ARGS.index(name)] for name in _PER_TOKEN_ARGS]
+        same_dtype = per_token[_PER_TOKEN_ARGS.index("state")].dtype == self.model.dtype
+        if self.mode is None and key in self.state.direct and same_dtype:
+            direct = self.direct[i] = self.state.direct_graph(key, None, args, ())
+            return direct(*per_token)  # type: ignore[misc]
+        decode = self.state.function("decode", key, self.mode)
+        if decode.recorder is not None:
+            decode.recorder.captured = None
+        traced = args
+        keys = per_token[_PER_TOKEN_ARGS.index("keys")]
+        if key not in self.state.compiled and keys is self.keys[-1] and keys is not self.keys[0]:
+            # The whole slot's length is the one key count left static (see _key_ranges): trace
+            # the graph at the shortest length, then rerun the token through its direct caller.
+            # Each token writes only its own cache position, so the rerun overwrites the trace's.
+            traced = (*args[:7], self.keys[0], *args[8:])
+        out = self._timed(key, decode.call, traced)
+        if i not in self.direct and self.mode is None:
+            captured = decode.recorder.captured if decode.recorder is not None else None
+            self.direct[i] = self.state.direct_graph(key, captured, traced, out)
+        if traced is not args:
+            direct = self.direct.get(i)
+            out = direct(*per_token) if direct is not None else decode.call(*args)
+        return out
 
     def _timed(self, key: tuple, call: Callable, args: tuple) -> Any:
         """``call(*args)``, adding its time to ``compile_seconds`` when ``key`` compiles now."""

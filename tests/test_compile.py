@@ -215,7 +215,7 @@ def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directl
 
     state = CompileState()
     x, s0 = torch.ones(1, 1), torch.zeros(1, 1, 4)
-    args = (None, x, None, None, s0, None, None, 1, True, True)
+    args = (None, x, None, None, s0, None, None, None, 1, True, True)
     sources = ("L['state']", "L['x']")
     plus_one = _Captured(lambda s, x: (x + 1,), sources, 1)  # s is passed through
     assert state.direct_graph(("bad",), plus_one, args, (x + 2, s0)) is None
@@ -228,10 +228,63 @@ def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directl
     assert state.direct_graph(("miscounted",), miscounted, args, (x + 1, s0)) is None
     direct = state.direct_graph(("good",), plus_one, args, (x + 1, s0))
     assert state.direct[("good",)].sources == sources
-    y, s = direct(torch.full((1, 1), 5.0), None, s0 + 3, None)  # the per-token inputs replaced
+    y, s = direct(torch.full((1, 1), 5.0), None, s0 + 3, None, None)  # per-token inputs replaced
     assert torch.equal(y, torch.full((1, 1), 6.0)) and torch.equal(s, s0 + 3)
     again = state.direct_graph(("good",), None, args, (x + 1, s0))  # found again without a capture
     assert isinstance(again, type(direct)) and again.inputs == direct.inputs
+
+
+def test_a_size_source_passes_the_per_token_key_count():
+    from recurrent_model.compiled import CompileState, _Captured, per_token_source
+
+    assert per_token_source("L['keys'].size()[0]") == (4, 0)
+    assert per_token_source("L['x']") == (0, None)
+    assert per_token_source("L['w'].size()[0]") is None and per_token_source("L['keys'][0]") is None
+    state, x, s0 = CompileState(), torch.ones(1, 1), torch.zeros(1, 1, 4)
+    keys = torch.arange(32)
+    args = (None, x, None, None, s0, None, None, keys[:16], 1, True, True)
+    times_count = _Captured(lambda n, x: (x * n,), ("L['keys'].size()[0]", "L['x']"), 1)
+    direct = state.direct_graph(("n",), times_count, args, (x * 16, s0))
+    y, _ = direct(x, None, s0, None, keys[:24])
+    assert torch.equal(y, x * 24)
+
+
+def test_key_ranges_cover_each_position_in_blocks_and_keep_the_whole_length_static():
+    from recurrent_model.compiled import KEY_BLOCK, _key_ranges
+
+    views = _key_ranges(40, torch.device("cpu"), dynamic=True)
+    lengths = [len(v) for v in views]
+    assert lengths == [16] * 16 + [32] * 16 + [40] * 8
+    assert all(p < n for p, n in enumerate(lengths)) and KEY_BLOCK == 16
+    marked = [hasattr(v, "_dynamo_dynamic_indices") for v in views]
+    assert marked == [True] * 32 + [False] * 8  # the whole length is left static
+    assert all(len(v) == 40 for v in _key_ranges(40, torch.device("cpu"), dynamic=False))
+
+
+@pytest.mark.slow
+def test_one_decode_graph_serves_every_key_count_from_a_full_first_token_on(monkeypatch):
+    # A decode whose first compiled token reads the whole cache (prompt 60 of 64) must not fix the
+    # key count: a later call starting early in the cache and running to its end reuses the graph.
+    from recurrent_model import compiled as C
+
+    built = []
+    record = C._RecordingInductor.__call__
+
+    def counted(self, gm, example_inputs):
+        built.append(len(example_inputs))
+        return record(self, gm, example_inputs)
+
+    monkeypatch.setattr(C._RecordingInductor, "__call__", counted)
+    torch.manual_seed(0)
+    cfg = rm.preset("tiny")
+    model = rm.RecurrentLM(cfg).eval()
+    g = torch.Generator().manual_seed(2)
+    kw = dict(num_steps=3, stop_tokens=(), init_scale=0.0)
+    for prompt, new in [(60, 4), (5, 59), (30, 20)]:  # all in one 64-position cache
+        ids = torch.randint(0, cfg.vocab_size, (1, prompt), generator=g)
+        compiled = model.generate(ids, new, compile=True, **kw)
+        assert torch.equal(compiled, model.generate(ids, new, **kw))
+    assert len(built) == 1
 
 
 def test_graph_input_sources_resolve_to_the_piece_arguments():
@@ -299,6 +352,16 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
     assert sorted(calls) == sorted(shapes)
     assert state.matvec_shapes(cfg, model.dtype) == ((h, h),)  # cached per shape
     assert len(calls) == len(shapes)
+
+
+def test_a_matvec_within_the_measurement_margin_leaves_the_sum_written_product(monkeypatch):
+    from recurrent_model import compiled as C
+
+    def close(shape, dtype):  # torch's product faster, but by less than the margin
+        return {"sum": 1.0, "matvec": (1 + C.MATVEC_MARGIN) / 2}
+
+    monkeypatch.setattr(C, "time_products", close)
+    assert C.CompileState().matvec_shapes(rm.preset("tiny"), torch.float32) == ()
 
 
 def test_a_one_row_projection_kept_as_matvec_in_a_compiled_graph_gives_the_product():
