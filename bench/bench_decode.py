@@ -7,6 +7,11 @@ every method must produce the same tokens (checked). Every method runs once per 
 tokens after the first, from the first token's arrival to the last one's; CPU ms/token is the process
 CPU time over the same span, less sensitive to other processes than wall time.
 
+The compiled decode's share of the weight-read floors comes from rounds of their own: each times one
+compiled generate call, then each floor as the mean of as many consecutive calls as the call timed
+tokens, so that the decode and its floors meet the same load with the same estimator; it prints the
+best decode over the best floor and the per-round ratios (median and range).
+
 Side by side in the same run (each when its prerequisites are there):
 - ``generate(..., compile=True)`` (static-shape compiled decode, one-time compile cost printed);
 - the published implementation's ``generate_minimal`` on the same weights, run by
@@ -20,13 +25,15 @@ Side by side in the same run (each when its prerequisites are there):
 - prefill of 4 × 256 tokens at r = 32: our cached chunk eager and compiled, the published forward,
   and torch.mm's FLOP/s on exactly the model's matmul shapes (the fraction of the machine reached),
   all four once per round for 2 × ``--repeats`` rounds;
-- bfloat16 decode, and with ``--huginn-shape`` a few bf16 tokens of the 3.5B Huginn-0125 shape.
+- bfloat16 decode, and with ``--huginn-shape`` a few bf16 tokens of the 3.5B Huginn-0125 shape
+  beside their torch.sum read floor (``--huginn-compiled``: compiled too).
 
 With a trained checkpoint (``--checkpoint``, default ``checkpoints/default`` when it exists) it also
 measures speculative decoding and adaptive exit there, where drafts and exits mean something.
 
     python bench/bench_decode.py [--repeats 3] [--threads 2] [--checkpoint DIR]
-        [--published-python /tmp/pubvenv/bin/python --published-src /tmp/pubsrc] [--huginn-shape]
+        [--published-python /tmp/pubvenv/bin/python --published-src /tmp/pubsrc] [--huginn-shape T]
+        [--huginn-compiled]
 """
 
 from __future__ import annotations
@@ -357,8 +364,9 @@ def bench_dtype(model: rm.RecurrentLM, ids: torch.Tensor, repeats: int) -> None:
     print_table(results, "bfloat16 KV cache", results["bfloat16 KV cache"][3].sequences)
 
 
-def bench_huginn_shape(tokens: int) -> None:
-    """A few bf16 tokens of a random model of the 3.5B Huginn-0125 shape (eager)."""
+def bench_huginn_shape(tokens: int, compiled: bool) -> None:
+    """A few bf16 tokens of a random model of the 3.5B Huginn-0125 shape, eager and (``compiled``)
+    compiled, each beside the torch.sum read floor of the weights one token reads."""
     cfg = rm.preset("huginn-0125")
     with torch.device("meta"):
         model = rm.RecurrentLM(cfg, init_weights=False)
@@ -370,18 +378,30 @@ def bench_huginn_shape(tokens: int) -> None:
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.bfloat16) * 0.02)
     ids = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
     steps = cfg.mean_recurrence
+    weights = token_weights(model, steps)
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
     print(f"\nHuginn-0125 shape ({model.num_parameters() / 1e9:.2f}B parameters, random), bf16, "
-          f"r={steps}, 8-token prompt, {tokens} new tokens, {torch.get_num_threads()} threads")  # fmt: skip
-    # eager only: the compiled decode step unrolls all 2 + 4·32 + 2 layer calls into one graph,
-    # which takes far longer to compile on a small CPU than the tokens take to decode
-    stamps: list[float] = []
-    t0 = time.perf_counter()
-    out = model.generate(ids, tokens, num_steps=steps, init_scale=0.0, stop_tokens=(),
-                         streamer=lambda t, s: stamps.append(time.perf_counter()))  # fmt: skip
-    per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
-    print(f"eager: {time.perf_counter() - t0:.1f} s for the 8-token prompt + {tokens} tokens "
-          f"({stamps[0] - t0:.1f} s to the first token, then {per_token:.1f} s per token) -> "
-          f"{out[0, 8:].tolist()}")  # fmt: skip
+          f"r={steps}, 8-token prompt, {tokens} new tokens, {torch.get_num_threads()} threads; "
+          f"one token reads {nbytes / 1e9:.1f} GB of weights")  # fmt: skip
+
+    @torch.inference_mode()
+    def read_floor() -> float:
+        t0 = time.perf_counter()
+        for w in weights:
+            w.sum()
+        return time.perf_counter() - t0
+
+    for name, compile_ in [("eager", False), ("compiled", True)][: 1 + compiled]:
+        stamps: list[float] = []
+        t0 = time.perf_counter()
+        out = model.generate(ids, tokens, num_steps=steps, init_scale=0.0, stop_tokens=(),
+                             compile=compile_, streamer=lambda t, s, at=stamps: at.append(time.perf_counter()))  # fmt: skip
+        per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+        floor = read_floor()
+        print(f"{name}: {time.perf_counter() - t0:.1f} s for the 8-token prompt + {tokens} tokens "
+              f"({stamps[0] - t0:.1f} s to the first token, then {per_token:.2f} s per token); the "
+              f"torch.sum read floor right after {floor:.2f} s ({nbytes / floor / 1e9:.1f} GB/s): "
+              f"{floor / per_token:.1%} of it -> {out[0, 8:].tolist()}")  # fmt: skip
 
 
 def report_floors(
@@ -449,6 +469,11 @@ def parse_args() -> argparse.Namespace:
         metavar="TOKENS",
         help="also decode TOKENS bf16 tokens of the 3.5B shape (about 8 GB)",
     )
+    parser.add_argument(
+        "--huginn-compiled",
+        action="store_true",
+        help="with --huginn-shape, also the compiled decode (its compile takes minutes)",
+    )
     return parser.parse_args()
 
 
@@ -508,7 +533,7 @@ def main() -> None:
     if not args.no_bf16:
         bench_dtype(model, ids, args.repeats)
     if args.huginn_shape:
-        bench_huginn_shape(args.huginn_shape)
+        bench_huginn_shape(args.huginn_shape, args.huginn_compiled)
     if args.quick:
         return
     if os.path.isdir(args.checkpoint):
