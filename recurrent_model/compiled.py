@@ -122,8 +122,7 @@ class _StaticSlot:
             return self.kv[:, :H, :T], self.kv[:, H:, :T], None
         if self.n_keys is None:
             return self.kv[:, :H], self.kv[:, H:], self.mask
-        # narrow, not a slice: a slice's end may pass the size (and is clamped), which makes dynamo
-        # specialise a dynamic length equal to the size
+        # narrow, not a slice: the key count must lie within the slot (a slice would clamp it)
         keys = self.kv.narrow(2, 0, self.n_keys)
         return keys[:, :H], keys[:, H:], self.mask
 
@@ -184,7 +183,7 @@ def _decode_piece(
     padding mask ``key_valid`` (B, L) or None. (On the CPU each eager op between two tokens runs
     with caches just flushed by the weights.) Attention reads the first ``len(keys)`` positions of
     each slot: on the CPU a length marked dynamic that covers the token's position, so that a token
-    reads the cache written so far instead of the whole slot (see :meth:`CompiledDecode._key_count`).
+    reads the cache written so far instead of the whole slot (see :func:`_key_ranges`).
     """
     n_keys = keys.shape[0]
     mask = attention_mask(positions, n_keys, key_valid)
@@ -292,8 +291,8 @@ class _DirectGraph:
 
     Every input but the per-token ones (``_PER_TOKEN_ARGS``) is the same object on every token, and
     those have fixed shapes but for the key count (passed as its size), so dynamo's guards over the
-    ~60 inputs and its Python wrappers decide nothing after the first call. The graph's C++ launcher still checks every input's sizes and
-    strides. A piece that passes an input through (the prelude piece's s_0, a middle chunk's e)
+    ~60 inputs and its Python wrappers decide nothing after the first call. The graph's C++ launcher
+    still checks every input's sizes and strides. A piece that passes an input through (the prelude piece's s_0, a middle chunk's e)
     returns that input as dynamo did.
     """
 
@@ -363,7 +362,7 @@ def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float
     weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
     x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
     calls = {
-        name: torch.compile(target, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
+        name: torch.compile(target, dynamic=True, fullgraph=True, options=CPU_OPTIONS)
         for name, target in (("sum", _sum_written_products), ("matvec", _matvec_products))
     }
     best = dict.fromkeys(calls, float("inf"))
