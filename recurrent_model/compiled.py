@@ -643,19 +643,21 @@ class CompiledDecode:
         if decode.recorder is not None:
             decode.recorder.captured = None
         traced = args
-        keys = per_token[_PER_TOKEN_ARGS.index("keys")]
-        if key not in self.state.compiled and keys is self.keys[-1] and keys is not self.keys[0]:
+        at = _PIECE_ARGS.index("keys")
+        whole = args[at] is self.keys[-1] and args[at] is not self.keys[0]
+        if key not in self.state.compiled and whole:
             # The whole slot's length is the one key count left static (see _key_ranges): trace
             # the graph at the shortest length, then rerun the token through its direct caller.
             # Each token writes only its own cache position, so the rerun overwrites the trace's.
-            traced = (*args[:7], self.keys[0], *args[8:])
+            traced = (*args[:at], self.keys[0], *args[at + 1 :])
         out = self._timed(key, decode.call, traced)
         if i not in self.direct and self.mode is None:
             captured = decode.recorder.captured if decode.recorder is not None else None
             self.direct[i] = self.state.direct_graph(key, captured, traced, out)
         if traced is not args:
             direct = self.direct.get(i)
-            out = direct(*per_token) if direct is not None else decode.call(*args)
+            # without a direct caller dynamo compiles the whole length's own graph now
+            out = direct(*per_token) if direct else self._timed((*key, "whole"), decode.call, args)
         return out
 
     def _timed(self, key: tuple, call: Callable, args: tuple) -> Any:
