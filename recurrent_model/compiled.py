@@ -354,6 +354,24 @@ PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
 MATVEC_MARGIN = 0.9
 
 
+#: Graphs the timing functions of one dtype may hold (one per distinct row split and grouping).
+TIMING_GRAPHS = 64
+_TIMING_FUNCTIONS: dict[tuple[str, torch.dtype], Callable] = {}
+
+
+def _timing_function(name: str, dtype: torch.dtype) -> Callable:
+    """The compiled "sum" or "matvec" products for :func:`time_products` in ``dtype``: built once
+    per process, on a code object of its own (:func:`_own_copy`), so that the timing neither
+    recompiles per model nor counts against the limit of graphs on a shared code object."""
+    key = (name, dtype)
+    if key not in _TIMING_FUNCTIONS:
+        target = _sum_written_products if name == "sum" else _matvec_products
+        _TIMING_FUNCTIONS[key] = torch.compile(
+            _own_copy(target), dynamic=True, fullgraph=True, options={"cpp_wrapper": True}
+        )
+    return _TIMING_FUNCTIONS[key]
+
+
 def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float]:
     """Seconds of one batch-1 product with a weight of ``shape`` (out, in) on the CPU, inside a
     compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); per weight,
@@ -361,12 +379,11 @@ def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
     x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
-    calls = {
-        name: torch.compile(target, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
-        for name, target in (("sum", _sum_written_products), ("matvec", _matvec_products))
-    }
+    calls = {name: _timing_function(name, dtype) for name in ("sum", "matvec")}
     best = dict.fromkeys(calls, float("inf"))
-    with torch.inference_mode():
+    # a shape whose row split or grouping differs traces a graph of its own on the same code object
+    limit = max(torch._dynamo.config.recompile_limit, TIMING_GRAPHS)
+    with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=limit):
         for call in calls.values():
             call(x, weights)  # compiles (once per process: dynamo keeps it for these shapes)
         for _ in range(PRODUCT_REPEATS):

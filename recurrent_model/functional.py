@@ -99,17 +99,40 @@ def linear(x: torch.Tensor, weight: torch.Tensor, matvec: MatvecShapes = ()) -> 
     The weight's rows are split into ``ROW_GROUPS`` equal groups reduced by one loop: each row's sum
     is a chain of dependent vector adds, so one row at a time waits on the adder's latency, while
     four independent chains keep it busy (every row's own sum keeps its order, so the result is
-    bit-identical). x is materialised first (``as_strided`` makes inductor store it): otherwise the
-    norm before the projection is recomputed once per weight row. Eager calls, GPUs and several
-    rows keep F.linear.
+    bit-identical). A row longer than ``CASCADE_LENGTH`` is summed in equal parts (:func:`_row_parts`).
+    x is materialised first (``as_strided`` makes inductor store it): otherwise the norm before the
+    projection is recomputed once per weight row. Eager calls, GPUs and several rows keep F.linear.
     """
     rows = x.shape[:-1].numel()
     if _compiled_cpu_row(x, rows) and (weight.shape[0], weight.shape[1]) not in matvec:
         x = x.contiguous()
         x = x.as_strided(x.shape, x.stride()).unsqueeze(-2)
         groups = ROW_GROUPS if weight.shape[0] % ROW_GROUPS == 0 else 1
-        return torch.cat([(x * rows).sum(-1) for rows in weight.chunk(groups)], -1)
+        parts = _row_parts(weight.shape[1])
+        if parts == 1:
+            return torch.cat([(x * rows).sum(-1) for rows in weight.chunk(groups)], -1)
+        x = x.unflatten(-1, (parts, -1))
+        sums = [(x * rows.unflatten(-1, (parts, -1))).sum(-1, dtype=torch.float32).sum(-1)
+                for rows in weight.chunk(groups)]  # fmt: skip
+        return torch.cat(sums, -1).to(x.dtype)
     return F.linear(x, weight)
+
+
+#: Inductor's CPU code sums a float reduction longer than this through a pairwise-summation helper
+#: that keeps its accumulators in memory, which streams a weight at about two thirds of the read
+#: bandwidth; :func:`linear` keeps each reduction at most this long.
+CASCADE_LENGTH = 4096
+
+
+def _row_parts(length: int) -> int:
+    """The fewest equal parts, of a whole number of 16-element vectors, that cut a weight row of
+    ``length`` into sums no longer than ``CASCADE_LENGTH`` (1 when none is needed or none fits)."""
+    if length <= CASCADE_LENGTH:
+        return 1
+    for parts in range(-(-length // CASCADE_LENGTH), length // 16 + 1):
+        if length % (16 * parts) == 0:
+            return parts
+    return 1
 
 
 def attend(

@@ -122,6 +122,30 @@ def test_one_row_projection_groups_rows_without_changing_any_sum(monkeypatch):
         torch.testing.assert_close(grouped, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
+def test_long_rows_are_summed_in_parts_no_longer_than_the_cascade_length():
+    # Inductor sums a reduction longer than fn.CASCADE_LENGTH through a slow pairwise helper; a
+    # compiled one-row product with longer rows sums equal parts of whole vectors (float32
+    # partial sums for bf16) and emits no such helper.
+    from torch._inductor.utils import run_and_get_code
+
+    from recurrent_model import functional as fn
+
+    assert [fn._row_parts(n) for n in (256, 4096, 5280, 10560, 17920, 4097)] == [1, 1, 2, 3, 5, 1]
+    for n in (5280, 10560, 17920, 8192, 4112):
+        parts = fn._row_parts(n)
+        assert n % (16 * parts) == 0 and n // parts <= fn.CASCADE_LENGTH
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        x = torch.randn(1, 1, 5280, generator=g).to(dtype)
+        w = (torch.randn(24, 5280, generator=g) * 0.05).to(dtype)
+        torch._dynamo.reset()
+        y, code = run_and_get_code(torch.compile(fn.linear, fullgraph=True), x, w)
+        assert y.dtype == dtype and y.shape == (1, 1, 24)
+        assert "cascade_sum" not in "".join(code)
+        exact = x.double() @ w.double().T
+        torch.testing.assert_close(y.double(), exact, rtol=tol, atol=tol)
+
+
 def test_deep_decode_tokens_run_as_a_few_graphs_of_bounded_depth():
     from recurrent_model.compiled import MAX_UNROLLED_STEPS, CompiledDecode
     from recurrent_model.kv_cache import KVCache
@@ -352,6 +376,22 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
     assert sorted(calls) == sorted(shapes)
     assert state.matvec_shapes(cfg, model.dtype) == ((h, h),)  # cached per shape
     assert len(calls) == len(shapes)
+
+
+def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
+    # Shapes whose rows group differently trace separate timing graphs; the timing functions hold
+    # them on code objects of their own, so a low dynamo limit (the depth sweep above, a process
+    # that times many models) does not stop the measurement.
+    from recurrent_model import compiled as C
+
+    monkeypatch.setattr(C, "_TIMING_FUNCTIONS", {})
+    monkeypatch.setattr(C, "PRODUCT_COPIES", 2)
+    monkeypatch.setattr(C, "PRODUCT_REPEATS", 1)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for shape in ((80, 48), (78, 48)):  # four row groups, then one
+            timing = C.time_products(shape, torch.float32)
+            assert set(timing) == {"sum", "matvec"} and all(t > 0 for t in timing.values())
+        assert torch._dynamo.config.recompile_limit == 1
 
 
 def test_a_matvec_within_the_measurement_margin_leaves_the_sum_written_product(monkeypatch):
