@@ -122,10 +122,11 @@ def test_one_row_projection_groups_rows_without_changing_any_sum(monkeypatch):
         torch.testing.assert_close(grouped, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-def test_long_rows_are_summed_in_parts_no_longer_than_the_cascade_length():
+def test_long_and_bf16_rows_compile_to_products_without_the_cascade_helper():
     # Inductor sums a reduction longer than fn.CASCADE_LENGTH through a slow pairwise helper; a
-    # compiled one-row product with longer rows sums equal parts of whole vectors (float32
-    # partial sums for bf16) and emits no such helper.
+    # compiled one-row product with longer rows sums equal parts of whole vectors (float32 partial
+    # sums) and emits no such helper. bf16 rows of even length are widened as 32-bit pairs (even
+    # and odd elements apart), odd ones by plain conversion: the same products either way.
     from torch._inductor.utils import run_and_get_code
 
     from recurrent_model import functional as fn
@@ -135,13 +136,15 @@ def test_long_rows_are_summed_in_parts_no_longer_than_the_cascade_length():
         parts = fn._row_parts(n)
         assert n % (16 * parts) == 0 and n // parts <= fn.CASCADE_LENGTH
     g = torch.Generator().manual_seed(0)
-    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-        x = torch.randn(1, 1, 5280, generator=g).to(dtype)
-        w = (torch.randn(24, 5280, generator=g) * 0.05).to(dtype)
+    for dtype, n, tol in ((torch.float32, 5280, 1e-4), (torch.bfloat16, 17920, 2e-2),
+                          (torch.bfloat16, 97, 1e-2)):  # fmt: skip
+        x = torch.randn(1, 1, n, generator=g).to(dtype)
+        w = (torch.randn(24, n, generator=g) * 0.05).to(dtype)
         torch._dynamo.reset()
         y, code = run_and_get_code(torch.compile(fn.linear, fullgraph=True), x, w)
         assert y.dtype == dtype and y.shape == (1, 1, 24)
         assert "cascade_sum" not in "".join(code)
+        assert ("int32_t" in "".join(code)) == (dtype == torch.bfloat16 and n % 2 == 0)
         exact = x.double() @ w.double().T
         torch.testing.assert_close(y.double(), exact, rtol=tol, atol=tol)
 
