@@ -343,9 +343,8 @@ def _matvec_products(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tens
     return sum(F.linear(x, w) for w in weights)  # type: ignore[return-value]
 
 
-#: Distinct copies of a weight one measurement streams through (one graph input each, the same
-#: count for every shape so that one dynamic-shape graph serves them all): enough that most reads
-#: miss the core's own cache, as a decode token's do, and that the call's fixed cost is shared. The
+#: Distinct copies of a weight one measurement streams through (one graph input each): enough
+#: that most reads miss the core's own cache, as a decode token's do, and that the call's fixed cost is shared. The
 #: fastest of PRODUCT_REPEATS rounds counts, the two products alternating within each round so that
 #: load changes hit both alike.
 PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
@@ -354,20 +353,20 @@ PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
 MATVEC_MARGIN = 0.9
 
 
-#: Graphs the timing functions of one dtype may hold (one per distinct row split and grouping).
-TIMING_GRAPHS = 64
-_TIMING_FUNCTIONS: dict[tuple[str, torch.dtype], Callable] = {}
+_TIMING_FUNCTIONS: dict[tuple[str, tuple[int, int], torch.dtype], Callable] = {}
 
 
-def _timing_function(name: str, dtype: torch.dtype) -> Callable:
-    """The compiled "sum" or "matvec" products for :func:`time_products` in ``dtype``: built once
-    per process, on a code object of its own (:func:`_own_copy`), so that the timing neither
-    recompiles per model nor counts against the limit of graphs on a shared code object."""
-    key = (name, dtype)
+def _timing_function(name: str, shape: tuple[int, int], dtype: torch.dtype) -> Callable:
+    """The compiled "sum" or "matvec" products of weights of ``shape`` in ``dtype`` for
+    :func:`time_products`: built once per process, each a static graph on a code object of its own
+    (:func:`_own_copy`). A graph shared across shapes would run every shape with the loop
+    parallelisation inductor chose from the first shape's sizes, and each shape it retraces counts
+    against dynamo's limit of graphs per code object."""
+    key = (name, shape, dtype)
     if key not in _TIMING_FUNCTIONS:
         target = _sum_written_products if name == "sum" else _matvec_products
         _TIMING_FUNCTIONS[key] = torch.compile(
-            _own_copy(target), dynamic=True, fullgraph=True, options={"cpp_wrapper": True}
+            _own_copy(target), dynamic=False, fullgraph=True, options={"cpp_wrapper": True}
         )
     return _TIMING_FUNCTIONS[key]
 
@@ -379,13 +378,11 @@ def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
     x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
-    calls = {name: _timing_function(name, dtype) for name in ("sum", "matvec")}
+    calls = {name: _timing_function(name, shape, dtype) for name in ("sum", "matvec")}
     best = dict.fromkeys(calls, float("inf"))
-    # a shape whose row split or grouping differs traces a graph of its own on the same code object
-    limit = max(torch._dynamo.config.recompile_limit, TIMING_GRAPHS)
-    with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=limit):
+    with torch.inference_mode():
         for call in calls.values():
-            call(x, weights)  # compiles (once per process: dynamo keeps it for these shapes)
+            call(x, weights)  # compiles on the shape's first measurement in this process
         for _ in range(PRODUCT_REPEATS):
             for name, call in calls.items():
                 t0 = time.perf_counter()
