@@ -376,11 +376,12 @@ def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float
     compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); per weight,
     the best of ``PRODUCT_REPEATS`` interleaved rounds over ``PRODUCT_COPIES`` weights."""
     g = torch.Generator().manual_seed(0)
-    weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
-    x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
     calls = {name: _timing_function(name, shape, dtype) for name in ("sum", "matvec")}
     best = dict.fromkeys(calls, float("inf"))
+    # inference tensors whether or not the caller is in inference mode: one graph per shape
     with torch.inference_mode():
+        weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
+        x = torch.randn(1, 1, shape[1], generator=g).to(dtype)
         for call in calls.values():
             call(x, weights)  # compiles on the shape's first measurement in this process
         for _ in range(PRODUCT_REPEATS):

@@ -382,9 +382,9 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
 
 
 def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
-    # Shapes whose rows group differently trace separate timing graphs; the timing functions hold
-    # them on code objects of their own, so a low dynamo limit (the depth sweep above, a process
-    # that times many models) does not stop the measurement.
+    # Each shape's timing graph lives on a code object of its own and is traced once, from inside
+    # inference mode or not, so a low dynamo limit (the depth sweep above, a process that times
+    # many models) does not stop the measurement.
     from recurrent_model import compiled as C
 
     monkeypatch.setattr(C, "_TIMING_FUNCTIONS", {})
@@ -394,6 +394,8 @@ def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
         for shape in ((80, 48), (78, 48)):  # four row groups, then one
             timing = C.time_products(shape, torch.float32)
             assert set(timing) == {"sum", "matvec"} and all(t > 0 for t in timing.values())
+        with torch.inference_mode():  # as generate calls it: the same graph
+            assert C.time_products((80, 48), torch.float32)["sum"] > 0
         assert torch._dynamo.config.recompile_limit == 1
 
 
