@@ -428,6 +428,8 @@ def bench_huginn_shape(tokens: int, compiled: bool, rounds: int) -> None:
               f"{best_floor / best_token:.1%} of it best over best; per call (each floor read right "
               f"after its tokens) {shares[len(shares) // 2]:.1%} median, {shares[0]:.1%} to "
               f"{shares[-1]:.1%} -> {out}")  # fmt: skip
+    if compiled:
+        print_product_choice(model)
 
 
 def report_floors(
@@ -459,11 +461,19 @@ def report_floors(
               "the published rate")  # fmt: skip
     else:
         print("published implementation not run (no --published-python / --published-src)")
+    print_product_choice(model)
+
+
+def print_product_choice(model: rm.RecurrentLM) -> None:
+    """Per projection shape, the compiled decode's timing of both products (and the weight bytes
+    each streams per second) and the one it picked."""
     for (shape, dtype), timing in sorted(compile_state(model).products.items(), key=str):
         pick = "matvec" if timing["matvec"] < MATVEC_MARGIN * timing["sum"] else "sum-written"
+        nbytes = shape[0] * shape[1] * dtype.itemsize
+        rates = {name: nbytes / seconds / 1e9 for name, seconds in timing.items()}
         print(f"  projection {shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')}: "
-              f"sum-written {1e6 * timing['sum']:.1f} us, torch matvec {1e6 * timing['matvec']:.1f} "
-              f"us -> {pick}")  # fmt: skip
+              f"sum-written {1e6 * timing['sum']:.1f} us ({rates['sum']:.1f} GB/s), torch matvec "
+              f"{1e6 * timing['matvec']:.1f} us ({rates['matvec']:.1f} GB/s) -> {pick}")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
