@@ -1,0 +1,125 @@
+"""Where a compiled batch-1 decode token's time goes beyond its weight reads, in one run.
+
+The small preset of ``bench_decode.py`` (h = 256, r = 8, float32, 2 threads, a 32-token prompt and 64
+new tokens). Each round times, side by side:
+- ``generate(compile=True)`` per token (the user's path, as ``bench_decode.py`` times it);
+- the same compiled token graphs called in a bare loop with a fixed input id ("graph only");
+- that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
+- that loop with a second, identical argmax ("+ the same op again"): what the op costs warm;
+- the token's projections alone, written as the compiled decode writes them, in one compiled graph,
+  and the torch.sum read floor of the token's weights (both ``bench_decode.floor_calls``).
+
+The differences, as paired per-round medians, split a token into: its products against the read
+floor, the rest of the graph (attention, norms, RoPE, the threads' synchronisation),
+the first host op after the graph (the weights a token streams evict the host's code and data from
+the cores' caches, so the first op after each token runs cold), the same op warm, and the rest of
+generate's per-token Python (sampling, emitting, the streamer). The methods run in one order, then
+the reverse, round after round.
+
+    python bench/bench_decode_token.py [--rounds 40] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
+
+import torch  # noqa: E402
+
+import recurrent_model as rm  # noqa: E402
+from recurrent_model.compiled import CompiledDecode, compile_state  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode import NEW, PROMPT, STEPS, compiled_generate, floor_calls, mean_time  # noqa: E402
+
+
+def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
+    """The compiled decode generate builds for this prompt (same cache length and storage, same
+    graphs), with the prompt prefilled. generate reuses the storage, rewriting the same prompt."""
+    cfg = model.config
+    length = -(-(PROMPT + NEW) // 64) * 64  # generate's rounding of a static cache
+    shape = rm.KVCache.shape_for(cfg, 1, length, STEPS)
+    with torch.inference_mode():
+        storage = compile_state(model).static_storage(
+            shape, model.dtype, model.device, cfg.n_layers_in_recurrent_block
+        )
+        cache = rm.KVCache(cfg, 1, length, STEPS, None, model.device, model.dtype, storage=storage)
+        decode = CompiledDecode(model, cache, STEPS)
+        decode(ids[:, :-1], 0, None)
+    return decode
+
+
+def token_loop(decode: CompiledDecode, ids: torch.Tensor, argmaxes: int) -> Callable[[], float]:
+    """Seconds per token of NEW - 1 compiled tokens with ``argmaxes`` greedy argmaxes after each
+    (the first fed back as the next input; none: the input stays fixed)."""
+
+    @torch.inference_mode()
+    def run() -> float:
+        x = ids[:, -1:]
+        t0 = time.perf_counter()
+        for position in range(PROMPT - 1, PROMPT + NEW - 2):
+            logits, _ = decode(x, position, None)
+            for _ in range(argmaxes):
+                token = logits[:, -1].argmax(-1)
+            if argmaxes:
+                x = token[:, None]
+        return (time.perf_counter() - t0) / (NEW - 1)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("small")).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(1))  # fmt: skip
+    compiled_generate(model, ids)  # compiles every graph the rounds use
+    decode = compiled_token(model, ids)
+    floors, nbytes = floor_calls(model, STEPS)
+    methods: dict[str, Callable[[], float]] = {
+        "generate(compile=True)": lambda: 1 / compiled_generate(model, ids)[1],
+        "graph only": token_loop(decode, ids, 0),
+        "graph + argmax": token_loop(decode, ids, 1),
+        "+ the same op again": token_loop(decode, ids, 2),
+        "products alone": lambda: mean_time(floors["compiled"], NEW - 1),
+        "read floor": lambda: mean_time(floors["read"], NEW - 1),
+    }
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    order = list(methods)
+    for _ in range(args.rounds):
+        for name in order:
+            times[name].append(methods[name]())
+        order.reverse()  # drift within a round falls on every method alike over two rounds
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(x - y for x, y in zip(times[a], times[b], strict=True))
+
+    print(f"small preset, r={STEPS}, float32, {args.threads} threads, {nbytes / 1e6:.1f} MB of "
+          f"weights per token; {args.rounds} interleaved rounds of {NEW - 1} tokens each")  # fmt: skip
+    floor = times["read floor"]
+    for name, values in times.items():
+        share = statistics.median(f / v for f, v in zip(floor, values, strict=True))
+        print(f"{name:24} best {1e6 * min(values):7.1f} us/token, median {1e6 * statistics.median(values):7.1f}; "
+              f"read floor / this: best over best {min(floor) / min(values):6.1%}, paired median {share:6.1%}")  # fmt: skip
+    print("per token, paired medians:")
+    print(f"  products alone - read floor   {1e6 * paired('products alone', 'read floor'):6.1f} us")
+    print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
+    print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
+    print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
+    print(f"  rest of generate's host work  {1e6 * paired('generate(compile=True)', 'graph + argmax'):6.1f} us")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
