@@ -344,9 +344,9 @@ def _matvec_products(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tens
 
 
 #: Distinct copies of a weight one measurement streams through (one graph input each): enough
-#: that most reads miss the core's own cache, as a decode token's do, and that the call's fixed cost is shared. The
-#: fastest of PRODUCT_REPEATS rounds counts, the two products alternating within each round so that
-#: load changes hit both alike.
+#: that most reads miss the core's own cache, as a decode token's do, and that the call's fixed
+#: cost is shared. The fastest of PRODUCT_REPEATS rounds counts, the two products alternating
+#: within each round so that load changes hit both alike.
 PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
 #: torch's matrix-vector product replaces the sum-written one only when this much faster: within
 #: the measurement's noise the fused sum-written product stays (it keeps the token one kernel).

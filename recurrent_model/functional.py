@@ -13,6 +13,7 @@ interleaved-pair RoPE, and torch's scaled_dot_product_attention.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Protocol
 
@@ -121,7 +122,7 @@ def _row_sums(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     ones): exact, and about half the vector instructions of inductor's bf16-to-float conversion,
     which otherwise bounds a product's speed below the memory bandwidth.
     """
-    if x.dtype == torch.bfloat16 and x.shape[-1] % 2 == 0:
+    if x.dtype == torch.bfloat16 and x.shape[-1] % 2 == 0 and _pairs_readable(rows):
         (x_even, x_odd), (w_even, w_odd) = _bf16_halves(x), _bf16_halves(rows)
         products = x_even * w_even + x_odd * w_odd
     else:
@@ -133,6 +134,13 @@ def _row_sums(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return partial.sum(-1).to(x.dtype)
 
 
+def _pairs_readable(rows: torch.Tensor) -> bool:
+    """True when ``rows`` can be read as 32-bit pairs in :func:`_bf16_halves`: unit stride along
+    its (even) rows, on a little-endian machine (element 2j in the pair's low half). A row group of
+    a contiguous weight starts at an even offset, which the trace cannot read."""
+    return rows.stride(-1) == 1 and sys.byteorder == "little"
+
+
 def _bf16_halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The even and the odd elements of bf16 ``t``'s last dimension as float32, exactly: a bf16 is
     the upper half of the float32 of equal value, and each 32-bit pair holds element 2j in its low
@@ -142,8 +150,8 @@ def _bf16_halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 #: Inductor's CPU code sums a float reduction longer than this through a pairwise-summation helper
-#: that keeps its accumulators in memory, which streams a weight at about two thirds of the read
-#: bandwidth; :func:`linear` keeps each reduction at most this long.
+#: that keeps its accumulators in memory, which streams a weight well below the read bandwidth;
+#: :func:`linear` keeps each reduction at most this long.
 CASCADE_LENGTH = 4096
 
 
