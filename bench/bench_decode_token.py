@@ -34,26 +34,25 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 import torch  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
-from recurrent_model.compiled import CompiledDecode, compile_state  # noqa: E402
+from recurrent_model.compiled import CompiledDecode  # noqa: E402
+from recurrent_model.generation import GenerationConfig, _Run  # noqa: E402
+from recurrent_model.sampling import Sampler  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import NEW, PROMPT, STEPS, compiled_generate, floor_calls, mean_time  # noqa: E402
 
 
 def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
-    """The compiled decode generate builds for this prompt (same cache length and storage, same
-    graphs), with the prompt prefilled. generate reuses the storage, rewriting the same prompt."""
-    cfg = model.config
-    length = -(-(PROMPT + NEW) // 64) * 64  # generate's rounding of a static cache
-    shape = rm.KVCache.shape_for(cfg, 1, length, STEPS)
+    """The compiled decode generate builds for this prompt, built by generate's own run (same cache
+    length and storage, same graphs), with the prompt prefilled. generate reuses the storage,
+    rewriting the same prompt."""
+    cfg = GenerationConfig(num_steps=STEPS, init_scale=0.0, stop_tokens=(), compile=True)
     with torch.inference_mode():
-        storage = compile_state(model).static_storage(
-            shape, model.dtype, model.device, cfg.n_layers_in_recurrent_block
-        )
-        cache = rm.KVCache(cfg, 1, length, STEPS, None, model.device, model.dtype, storage=storage)
-        decode = CompiledDecode(model, cache, STEPS)
-        decode(ids[:, :-1], 0, None)
-    return decode
+        run = _Run(model, ids, NEW, cfg.resolved(model), Sampler(), 0, None, None)
+        run.prefill(ids)
+    if run.compiled is None:
+        raise RuntimeError("generate built no compiled decode for this model and prompt")
+    return run.compiled
 
 
 def token_loop(decode: CompiledDecode, ids: torch.Tensor, argmaxes: int) -> Callable[[], float]:

@@ -672,7 +672,11 @@ class CompiledDecode:
         if traced is not args:
             direct = self.direct.get(i)
             # without a direct caller dynamo compiles the whole length's own graph now
-            out = direct(*per_token) if direct else self._timed((*key, "whole"), decode.call, args)
+            out = (
+                direct(*per_token)
+                if direct is not None
+                else self._timed((*key, "whole"), decode.call, args)
+            )
         return out
 
     def _timed(self, key: tuple, call: Callable, args: tuple) -> Any:
