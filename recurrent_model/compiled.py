@@ -353,30 +353,37 @@ PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
 MATVEC_MARGIN = 0.9
 
 
-_TIMING_FUNCTIONS: dict[tuple[str, tuple[int, int], torch.dtype], Callable] = {}
+#: The compiled timing graphs of one :class:`CompileState`, by ("sum" | "matvec", shape, dtype).
+TimingFunctions = dict[tuple[str, tuple[int, int], torch.dtype], Callable]
 
 
-def _timing_function(name: str, shape: tuple[int, int], dtype: torch.dtype) -> Callable:
+def _timing_function(
+    name: str, shape: tuple[int, int], dtype: torch.dtype, functions: TimingFunctions
+) -> Callable:
     """The compiled "sum" or "matvec" products of weights of ``shape`` in ``dtype`` for
-    :func:`time_products`: built once per process, each a static graph on a code object of its own
-    (:func:`_own_copy`). A graph shared across shapes would run every shape with the loop
-    parallelisation inductor chose from the first shape's sizes, and each shape it retraces counts
-    against dynamo's limit of graphs per code object."""
+    :func:`time_products`, built on first use into ``functions``, each a static graph on a code
+    object of its own (:func:`_own_copy`). A graph shared across shapes would run every shape with
+    the loop parallelisation inductor chose from the first shape's sizes, and each shape it
+    retraces counts against dynamo's limit of graphs per code object. Another state's graph of the
+    same shape compiles from inductor's graph cache."""
     key = (name, shape, dtype)
-    if key not in _TIMING_FUNCTIONS:
+    if key not in functions:
         target = _sum_written_products if name == "sum" else _matvec_products
-        _TIMING_FUNCTIONS[key] = torch.compile(
+        functions[key] = torch.compile(
             _own_copy(target), dynamic=False, fullgraph=True, options={"cpp_wrapper": True}
         )
-    return _TIMING_FUNCTIONS[key]
+    return functions[key]
 
 
-def time_products(shape: tuple[int, int], dtype: torch.dtype) -> dict[str, float]:
+def time_products(
+    shape: tuple[int, int], dtype: torch.dtype, functions: TimingFunctions
+) -> dict[str, float]:
     """Seconds of one batch-1 product with a weight of ``shape`` (out, in) on the CPU, inside a
     compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); per weight,
-    the best of ``PRODUCT_REPEATS`` interleaved rounds over ``PRODUCT_COPIES`` weights."""
+    the best of ``PRODUCT_REPEATS`` interleaved rounds over ``PRODUCT_COPIES`` weights. The
+    graphs are kept in ``functions`` (a :class:`CompileState`'s)."""
     g = torch.Generator().manual_seed(0)
-    calls = {name: _timing_function(name, shape, dtype) for name in ("sum", "matvec")}
+    calls = {name: _timing_function(name, shape, dtype, functions) for name in ("sum", "matvec")}
     best = dict.fromkeys(calls, float("inf"))
     # inference tensors whether or not the caller is in inference mode: one graph per shape
     with torch.inference_mode():
@@ -398,11 +405,13 @@ class CompileState:
     - the static cache storage (CUDA graphs need inputs at fixed addresses), one shape at a time;
     - one compiled function per graph key (:func:`_own_copy`), and which keys have compiled;
     - the decode graphs callable without dynamo (:class:`_DirectGraph`), per graph key;
-    - per projection shape, the measured choice of a CPU batch-1 product (:meth:`matvec_shapes`).
+    - per projection shape, the measured choice of a CPU batch-1 product (:meth:`matvec_shapes`)
+      and the compiled graphs that timed it.
     """
 
     def __init__(self) -> None:
         self.products: dict[tuple[tuple[int, int], torch.dtype], dict[str, float]] = {}
+        self.timing_functions: TimingFunctions = {}
         self.storage: tuple[tuple, torch.Tensor] | None = None
         self.functions: dict[tuple, _CompiledFunction] = {}
         self.compiled: set[tuple] = set()
@@ -434,7 +443,7 @@ class CompileState:
         for shape in sorted(set(config.cost.weight_shapes().values())):
             key = (shape, dtype)
             if key not in self.products:
-                self.products[key] = time_products(shape, dtype)
+                self.products[key] = time_products(shape, dtype, self.timing_functions)
             timing = self.products[key]
             if timing["matvec"] < MATVEC_MARGIN * timing["sum"]:
                 chosen.append(shape)

@@ -364,7 +364,7 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
 
     calls = []
 
-    def fake_timing(shape, dtype):  # torch's product faster for the square shapes only
+    def fake_timing(shape, dtype, functions):  # torch's product faster for the square shapes only
         calls.append(shape)
         square = shape[0] == shape[1]
         return {"sum": 2.0 if square else 1.0, "matvec": 1.0 if square else 2.0}
@@ -387,22 +387,24 @@ def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
     # many models) does not stop the measurement.
     from recurrent_model import compiled as C
 
-    monkeypatch.setattr(C, "_TIMING_FUNCTIONS", {})
     monkeypatch.setattr(C, "PRODUCT_COPIES", 2)
     monkeypatch.setattr(C, "PRODUCT_REPEATS", 1)
+    functions: C.TimingFunctions = {}
     with torch._dynamo.config.patch(recompile_limit=1):
         for shape in ((80, 48), (78, 48)):  # four row groups, then one
-            timing = C.time_products(shape, torch.float32)
+            timing = C.time_products(shape, torch.float32, functions)
             assert set(timing) == {"sum", "matvec"} and all(t > 0 for t in timing.values())
         with torch.inference_mode():  # as generate calls it: the same graph
-            assert C.time_products((80, 48), torch.float32)["sum"] > 0
+            assert C.time_products((80, 48), torch.float32, functions)["sum"] > 0
         assert torch._dynamo.config.recompile_limit == 1
+        assert len(functions) == 4  # two products of two shapes, each built once
+        C.time_products((80, 48), torch.float32, {})  # another state's graph of the same shape
 
 
 def test_a_matvec_within_the_measurement_margin_leaves_the_sum_written_product(monkeypatch):
     from recurrent_model import compiled as C
 
-    def close(shape, dtype):  # torch's product faster, but by less than the margin
+    def close(shape, dtype, functions):  # torch's product faster, but by less than the margin
         return {"sum": 1.0, "matvec": (1 + C.MATVEC_MARGIN) / 2}
 
     monkeypatch.setattr(C, "time_products", close)

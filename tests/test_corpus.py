@@ -169,9 +169,27 @@ def test_unknown_dataset_is_one_line(tmp_path, monkeypatch):
         corpus.read_prompts("no-such-org/no-such-dataset", column="text")
 
 
-def _cli(out: Path, data: Path, nproc: int) -> list[str]:
+def _cli(out: Path, data: Path, nproc: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "workbench.corpus", "run", "--data", str(data), "--out", str(out),
-            "--num-steps", "8", "--unit-tokens", "8", "--nproc", str(nproc)]  # fmt: skip
+            "--num-steps", "8", "--unit-tokens", "8", "--nproc", str(nproc), *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_column_is_the_same_bits_on_one_process_and_two_ranks(tmp_path):
+    """Dynamics, lens, seeds and stability: one process on two threads and two ranks on one thread
+    each write equal rows (an 11-token prompt's lens product is one MKL splits between threads)."""
+    data = write_prompts(tmp_path / "p.txt")
+    extra = ("--analyses", "dynamics,lens,seeds,stability", "--seeds", "0,1", "--lens-steps", "1,4")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_CBWR")}
+    frames = []
+    for nproc, threads in ((1, "2"), (2, "1")):
+        out = tmp_path / f"ranks-{nproc}"
+        run_env = {**env, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(REPO)}
+        assert subprocess.run(_cli(out, data, nproc, *extra), cwd=REPO, env=run_env).returncode == 0
+        frame = corpus.load(out).sort_values(["prompt_id", "seed", "position"])
+        frames.append(frame.reset_index(drop=True))
+    assert {"lens_kl_1", "lens_entropy_4", "seed_spread", "lambda_1"} <= set(frames[0].columns)
+    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
 
 
 @pytest.mark.slow
