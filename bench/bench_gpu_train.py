@@ -35,10 +35,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cluster.context import DistContext  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.distributed import (  # noqa: E402
-    DistContext,
-    data_parallel_mesh,
+    flat_mesh,
     init_parameters,
     materialise,
     shard_model,
@@ -89,7 +89,7 @@ def state_dtypes_under_fsdp(
         with torch.device("meta"):
             model = RecurrentLM(config, init_weights=False)
         ctx = DistContext(device=device, backend=backend)
-        shard_model(model, data_parallel_mesh(ctx, "fsdp"), precision)
+        shard_model(model, flat_mesh(ctx), precision)
         materialise(model, device)
         init_parameters(model, seed=0)
         dtypes: dict[str, str] = {}

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from cluster.context import DistContext
+
 from .checkpointing import (
     EXPORT_DTYPES,
     SHARDS_DIR,
@@ -32,7 +34,6 @@ from .checkpointing import (
     write_shards,
     write_state_json,
 )
-from .distributed import DistContext
 from .integrity import digest_file, nonfinite_tensor, write_manifest
 
 # DCP raises CheckpointException (a BaseException) on every rank when any rank's write failed.

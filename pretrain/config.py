@@ -8,23 +8,38 @@ work). Unknown keys are an error naming the key, so a typo never silently trains
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cluster.config import ClusterSection, ConfigError, read_yaml, section_from_mapping
 from pretrain.data.config import DataConfig
 from pretrain.precision import PRECISIONS
+from pretrain.strategy import strategy_names
 from recurrent_model import RecurrentConfig, preset
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cpu-small.yaml"
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(ConfigError):
     """A training configuration that cannot be used; the message names the key."""
+
+
+@contextlib.contextmanager
+def _train_config_errors() -> Iterator[None]:
+    """A ConfigError of the shared config reading (cluster/config.py) raised as TrainConfigError."""
+    try:
+        yield
+    except TrainConfigError:
+        raise
+    except ConfigError as exc:
+        raise TrainConfigError(str(exc)) from None
 
 
 @dataclass
@@ -118,32 +133,6 @@ class DistributedSection:
     preflight_mb: float = 0.0  # > 0: growing all-reduces up to this size before training
 
 
-@dataclass
-class ClusterSection:
-    """What ``--slurm-script`` writes into the sbatch script."""
-
-    name: str = "frontier"
-    nodes: int = 1
-    gpus_per_node: int = 8
-    device: str = "mi250x"  # for the memory plan (--plan): mi250x, mi300x, h100, h200
-    cpus_per_task: int = 7
-    time: str = "02:00:00"
-    account: str = "CHANGE_ME"
-    partition: str = "batch"
-    array_length: int = 1
-    modules: list[str] = field(
-        default_factory=lambda: ["PrgEnv-gnu", "rocm", "craype-accel-amd-gfx90a"]
-    )
-    ofi_rccl_lib: str = "$HOME/aws-ofi-rccl/lib"
-    venv: str = ".venv"
-    out: str = "runs/frontier"
-    gdr: bool = True
-    # True: request node-local NVMe (sbatch -C nvme) and stage the venv and caches there
-    nvme: bool = False
-    node_local_dir: str = ""  # "": /mnt/bb/$USER with nvme, else /tmp
-    wandb_mode: str = "offline"  # WANDB_MODE on the compute nodes unless the job's env sets it
-
-
 SECTIONS: dict[str, type] = {
     "model": ModelSection,
     "data": DataSection,
@@ -151,7 +140,6 @@ SECTIONS: dict[str, type] = {
     "distributed": DistributedSection,
     "cluster": ClusterSection,
 }
-WANDB_MODES = ("offline", "online", "disabled")
 
 
 @dataclass
@@ -174,26 +162,16 @@ class TrainConfig:
             raise TrainConfigError(
                 f"unknown config section(s) {', '.join(unknown)}; sections: {', '.join(SECTIONS)}"
             )
-        sections = {}
-        for name, section_cls in SECTIONS.items():
-            values = raw.get(name) or {}
-            if not isinstance(values, dict):
-                raise TrainConfigError(f"config section {name!r} must be a mapping")
-            known = {f.name for f in dataclasses.fields(section_cls)}
-            bad = sorted(set(values) - known)
-            if bad:
-                raise TrainConfigError(
-                    f"unknown key(s) {', '.join(f'{name}.{k}' for k in bad)}; "
-                    f"{name} takes {', '.join(sorted(known))}"
-                )
-            sections[name] = section_cls(**_coerce(section_cls, name, values))
+        with _train_config_errors():
+            sections = {
+                name: section_from_mapping(section_cls, name, raw.get(name))
+                for name, section_cls in SECTIONS.items()
+            }
         config = cls(**sections)
         config.validate()
         return config
 
     def validate(self) -> None:
-        from pretrain.strategy import strategy_names  # it imports distributed, which imports us
-
         t, d = self.train, self.distributed
         if d.strategy not in strategy_names():
             raise TrainConfigError(
@@ -208,10 +186,8 @@ class TrainConfig:
                 raise TrainConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
         if d.bucket_mb <= 0:
             raise TrainConfigError(f"distributed.bucket_mb must be > 0, got {d.bucket_mb}")
-        if self.cluster.wandb_mode not in WANDB_MODES:
-            raise TrainConfigError(
-                f"cluster.wandb_mode={self.cluster.wandb_mode!r}; choose from {', '.join(WANDB_MODES)}"
-            )
+        with _train_config_errors():
+            self.cluster.validate()
         if d.timeout_minutes < 1 or d.step_timeout_s <= 0 or d.stop_grace_s <= 0:
             raise TrainConfigError(
                 "distributed.timeout_minutes must be >= 1, distributed.step_timeout_s and "
@@ -270,28 +246,6 @@ class TrainConfig:
         return sorted({1, 4, 8, r, 2 * r})
 
 
-def _coerce(section_cls: type, section: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Turn YAML strings like ``1e-3`` (YAML 1.1 reads them as text) into the field's number type."""
-    defaults = {f.name: f.default for f in dataclasses.fields(section_cls)}
-    out = dict(values)
-    for key, value in values.items():
-        default = defaults.get(key)
-        if isinstance(default, bool) or isinstance(value, bool) or value is None:
-            continue
-        if isinstance(default, (int, float)) and isinstance(value, (str, int, float)):
-            kind = float if isinstance(default, float) else int
-            try:
-                number = float(value)
-                if kind is int and not number.is_integer():
-                    raise ValueError
-                out[key] = kind(number)
-            except ValueError:
-                raise TrainConfigError(
-                    f"{section}.{key}={value!r} is not a {kind.__name__}"
-                ) from None
-    return out
-
-
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
     """Apply one ``dotted.key=value`` to a raw config mapping (value parsed as YAML)."""
     key, sep, value = assignment.partition("=")
@@ -311,14 +265,8 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (default: cpu-small.yaml) and apply ``--set`` overrides."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.is_file():
-        raise TrainConfigError(f"config file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
-    raw = copy.deepcopy(raw)
+    with _train_config_errors():
+        raw = copy.deepcopy(read_yaml(path if path is not None else DEFAULT_CONFIG))
     for assignment in overrides or []:
         apply_override(raw, assignment)
     return TrainConfig.from_dict(raw)

@@ -1,7 +1,6 @@
-"""torch.distributed set-up: ranks from torchrun or SLURM, gloo on CPU / nccl (RCCL) on GPU, the
-engines the strategies of pretrain/strategy.py call (FSDP2 sharding and meshes, the recipe's bucketed
-all-reduce, ZeRO-1), and the model built for a strategy (meta device, shard, then initialise:
-``build_model``).
+"""The engines the strategies of pretrain/strategy.py call (FSDP2 sharding and meshes, the
+recipe's bucketed all-reduce, ZeRO-1), and the model built for a strategy (meta device, shard, then
+initialise: ``build_model``). Where a rank runs (``DistContext``) is cluster/context.py.
 
 FSDP2 gathers weights and reduces gradients in float32, with matrix products in bf16 under autocast
 (pretrain/precision.py says why). The core blocks stay gathered from their first forward in a step
@@ -12,124 +11,23 @@ of r + k.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from cluster.context import DistContext
 from recurrent_model import RecurrentConfig, RecurrentLM
 
 from .precision import Precision
-from .slurm import set_torch_env_from_slurm, under_slurm
-from .watchdog import enable_flight_recorder
 
 if TYPE_CHECKING:
     from .strategy import Strategy
 
 BUCKET_BYTES = 64 * 1024 * 1024
-
-
-@dataclass
-class DistContext:
-    """Where this process sits: rank, local rank, world size, device and backend."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    device: torch.device = torch.device("cpu")
-    backend: str | None = None
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    def barrier(self) -> None:
-        if self.distributed:
-            if self.device.type == "cuda":
-                dist.barrier(device_ids=[self.device.index or 0])
-            else:
-                dist.barrier()
-
-    def all_reduce(self, tensor: torch.Tensor, op: Any = None) -> torch.Tensor:
-        """In-place all-reduce (SUM by default) on this rank's device; a no-op in one process."""
-        if self.distributed:
-            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
-        return tensor
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        if not self.distributed:
-            return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def any(self, flag: bool) -> bool:
-        """True when ``flag`` is set on any rank (used to agree on stopping after a signal)."""
-        if not self.distributed:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
-
-
-def pick_device(preference: str, local_rank: int) -> torch.device:
-    """ "auto": a GPU (CUDA or ROCm) when present, else the CPU. The GPU index is LOCAL_RANK modulo
-    the number of visible devices, so one visible device per task (``--gpu-bind=closest``) works."""
-    if preference == "auto":
-        preference = "cuda" if torch.cuda.is_available() else "cpu"
-    if preference.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device asks for cuda, but torch sees no GPU")
-        if ":" in preference:
-            index = int(preference.split(":")[1])
-        else:
-            index = local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device(preference)
-
-
-def init_distributed(
-    device_preference: str = "auto", timeout_minutes: int = 30, out: str | Path | None = None
-) -> DistContext:
-    """Read the rank from torchrun's variables (or SLURM's) and join the process group if > 1 rank,
-    with the start-up collective timeout (the trainer shortens it after the first step). On NCCL
-    with ``out``, the flight recorder dumps to OUT/stacks on a timeout (pretrain/watchdog.py)."""
-    if under_slurm() and "RANK" not in os.environ:
-        set_torch_env_from_slurm()
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    device = pick_device(device_preference, local_rank)
-    if world == 1:
-        return DistContext(0, 0, 1, device, None)
-    backend = "nccl" if device.type == "cuda" else "gloo"  # "nccl" is RCCL on ROCm builds
-    if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"timeout": timedelta(minutes=timeout_minutes)}
-        if device.type == "cuda":
-            kwargs["device_id"] = device
-        if backend == "nccl" and out is not None:
-            enable_flight_recorder(out)
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
-    return DistContext(rank, local_rank, world, device, backend)
-
-
-def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def ranks_per_node(ctx: DistContext, configured: int = 0) -> int:
@@ -164,13 +62,6 @@ def node_mesh(ctx: DistContext, size: int) -> Any:
     )
 
 
-def data_parallel_mesh(ctx: DistContext, strategy: str, shard_size: int = 0) -> Any:
-    """The DeviceMesh an FSDP2 strategy (``fsdp``, ``hsdp``) shards over."""
-    from .strategy import get_strategy
-
-    return get_strategy(strategy, shard_size=shard_size).mesh(ctx)  # type: ignore[attr-defined]
-
-
 def shard_model(model: RecurrentLM, mesh: Any, precision: Precision) -> None:
     """FSDP2 ``fully_shard`` per sandwich block, then the root (embedding, adapter, final norm), all
     with the precision's policy (float32 gathers: see pretrain/precision.py). The core blocks keep
@@ -193,9 +84,8 @@ def build_model(
     config: RecurrentConfig,
     ctx: DistContext,
     precision: Precision,
-    strategy: str | Strategy,
+    strategy: Strategy,
     seed: int,
-    shard_size: int = 0,
     activation_checkpointing: bool = False,
     compile_blocks: bool = False,
 ) -> tuple[RecurrentLM, nn.Module]:
@@ -203,12 +93,8 @@ def build_model(
     the meta device, sharded by the strategy, materialised on this rank's device, then initialised
     shard by shard with the weights a full ``reset_parameters(generator=Generator().manual_seed(seed))``
     gives. No rank ever holds the whole model on the host: the initialiser fills one full-size host
-    tensor at a time and keeps the slice this rank owns. A strategy named by a string gets
-    ``shard_size``."""
-    if isinstance(strategy, str):
-        from .strategy import get_strategy
-
-        strategy = get_strategy(strategy, shard_size=shard_size)
+    tensor at a time and keeps the slice this rank owns (``get_strategy`` of pretrain/strategy.py
+    turns a name into a strategy)."""
     with torch.device("meta"):
         model = RecurrentLM(config, init_weights=False)
     model.activation_checkpointing = activation_checkpointing
@@ -383,52 +269,3 @@ def preflight_all_reduce(ctx: DistContext, max_bytes: int = 128 * 1024 * 1024) -
         if n >= buffer.numel():
             return timings
         n = min(2 * n, buffer.numel())
-
-
-def relaunch_with_torchrun(nproc: int, argv: list[str], module: str | None = None) -> int:
-    """Re-run as ``nproc`` local ranks through torchrun (torch.distributed.run): this launcher
-    (pretrain/launch.py) by default, or ``python -m module`` (e.g. the corpus engine)."""
-    target = (
-        ["-m", module]
-        if module
-        else [os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")]
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        *target,
-        *argv,
-    ]
-    env = dict(os.environ)
-    if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    return run_forwarding_signals(cmd, env)
-
-
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd`` (torchrun) and wait for it; SIGTERM and SIGINT sent to this launcher are passed
-    on to it (torchrun passes them to its ranks, which checkpoint and stop), so no rank outlives
-    the launcher. Off the main thread the signals keep their handlers."""
-    child = subprocess.Popen(cmd, env=env)
-
-    def forward(signum: int, frame: Any) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {}
-    for sig in FORWARDED_SIGNALS:
-        try:
-            previous[sig] = signal.signal(sig, forward)
-        except ValueError:  # not the main thread
-            break
-    try:
-        return child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -103,22 +103,6 @@ def add_resume_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def strip_nproc(argv: list[str]) -> list[str]:
-    """argv without --nproc (and its value), for the ranks torchrun starts."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg == "--nproc":
-            skip = True
-            continue
-        if arg.startswith("--nproc="):
-            continue
-        out.append(arg)
-    return out
-
-
 ALLOCATOR_SETTING = "expandable_segments:True"
 ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
@@ -140,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if relaunch and not may_start(run_directory(args.out, args.config), args.resume):
         return 2
     if args.nproc and args.nproc > 1 and "RANK" not in os.environ and relaunch:
-        from pretrain.distributed import relaunch_with_torchrun  # the ranks read the config
+        from cluster.torchrun import relaunch_with_torchrun, strip_nproc
 
-        return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv))
+        # torchrun's ranks read the config themselves
+        return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv), script=__file__)
     try:
         config = load_config(args.config, args.overrides)
     except TrainConfigError as exc:
@@ -151,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return print_plan(config, args)
     if args.slurm_script:
-        from pretrain.slurm import sbatch_script
+        from pretrain.sbatch import sbatch_script
 
         print(sbatch_script(config, args.config, args.overrides), end="")
         return 0
@@ -231,7 +216,7 @@ def train(
 ) -> int:
     """Train in this process (one rank) with ``callbacks``; returns an exit code. ``options``:
     the Trainer's ``allow_data_change`` and ``reset_optimizer``."""
-    from pretrain.distributed import init_distributed, shutdown
+    from cluster.context import init_distributed, shutdown
     from pretrain.metrics import json_safe
     from pretrain.run_lock import RunLockedError, hold_run_directory
 

@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from torch.distributed.checkpoint.api import CheckpointException
 
+from cluster.context import DistContext
 from recurrent_model import RecurrentConfig, RecurrentLM
 from recurrent_model.atomic_io import atomic_write_text
 
@@ -33,7 +34,6 @@ from .checkpointing import (
     rewind_metrics,
     saved_keys,
 )
-from .distributed import DistContext
 from .integrity import MANIFEST, IntegrityError, part_of, read_manifest, verify_files
 
 # What a checkpoint that cannot be read raises while a resume reads it (collectively).

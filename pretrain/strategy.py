@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from cluster.context import DistContext
+
 from .distributed import (
     BUCKET_BYTES,
-    DistContext,
     bucketed_all_reduce,
     flat_mesh,
     node_mesh,

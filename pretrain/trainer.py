@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cluster.context import DistContext
 from recurrent_model import HuginnTokenizer, hook_names, sample_depth
 
 from .callbacks import TrainerCallback, notify
@@ -31,12 +32,7 @@ from .checkpointing import (
     restore_rng,
 )
 from .config import TrainConfig
-from .distributed import (
-    DistContext,
-    build_model,
-    local_optimizer,
-    preflight_all_reduce,
-)
+from .distributed import build_model, local_optimizer, preflight_all_reduce
 from .integrity import nonfinite_tensor
 from .loss_guard import LossGuard
 from .metrics import (

@@ -1,7 +1,8 @@
 """Hangs: collective timeouts that drop from the start-up length to a step-sized one after the first
 step (as torchtitan does), a stack dump of every thread when a phase runs past its collective
-timeout or a collective fails (``OUT/stacks/rank<k>.txt``), NCCL's flight recorder, and a deadline
-after SIGTERM for a rank blocked in a collective.
+timeout or a collective fails (``OUT/stacks/rank<k>.txt``, beside the dumps of NCCL's flight
+recorder: cluster/flight_recorder.py), and a deadline after SIGTERM for a rank blocked in a
+collective.
 
 A Python signal handler runs only when the main thread returns to the interpreter, which a rank
 blocked in a C++ collective does not do. Python's C-level handler still writes the signal's number
@@ -29,8 +30,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-STACKS_DIR = "stacks"
-FLIGHT_RECORDER_ENTRIES = "2000"  # NCCL's flight recorder: the last collectives kept per rank
+from cluster.flight_recorder import STACKS_DIR
+
 TERM_EXIT = 128 + signal.SIGTERM  # the exit status of a process ended by SIGTERM
 PUBLISH_LOCK = threading.Lock()  # held by a checkpoint's publish; a forced exit waits for it
 PROJECT = Path(__file__).resolve().parent.parent
@@ -46,27 +47,6 @@ class CollectiveFailure(RuntimeError):
 
 def stack_file(out: str | Path, rank: int) -> Path:
     return Path(out) / STACKS_DIR / f"rank{rank}.txt"
-
-
-# NCCL's flight recorder ----------------------------------------------------------------------------
-def flight_recorder_env(out: str | Path) -> dict[str, str]:
-    """The variables that make ProcessGroupNCCL (RCCL on ROCm) keep its last collectives and dump
-    them on a timeout to ``OUT/stacks/nccl_trace_rank_<k>`` (both names torch has read)."""
-    prefix = str(Path(out).resolve() / STACKS_DIR / "nccl_trace_rank_")
-    return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_ENABLE_MONITORING": "1",  # the dump on a timeout needs it (torch's default)
-        "TORCH_FR_DUMP_TEMP_FILE": prefix,
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
-    }
-
-
-def enable_flight_recorder(out: str | Path, environ: Any = os.environ) -> None:
-    """Set the flight recorder's variables unless the user set them; before the group exists."""
-    (Path(out) / STACKS_DIR).mkdir(parents=True, exist_ok=True)
-    for key, value in flight_recorder_env(out).items():
-        environ.setdefault(key, value)
 
 
 # Timeouts -------------------------------------------------------------------------------------------

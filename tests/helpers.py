@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,3 +70,53 @@ def write_config(path: Path, corpus: Path, cache: Path, **train: object) -> Path
     }
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+def tree_digest(directory: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``directory``, by relative path (to show nothing was written)."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def launch(
+    root: Path,
+    config: Path,
+    out: Path,
+    nproc: int,
+    *overrides: str,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+) -> subprocess.Popen | None:
+    """``pretrain/launch.py`` on ``nproc`` local ranks training ``config`` into ``out``, with every
+    rank's checkpoint report (``rank_callbacks:checkpoint_report``); ``overrides`` are ``--set``
+    values. Waits and asserts success, or returns the running process (its own session) when
+    ``wait`` is false."""
+    out.mkdir(parents=True, exist_ok=True)
+    full_env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO / 'tests'}{os.pathsep}{REPO}",
+        DCP_TEST_OUT=str(out),
+        PRETRAIN_PEAK_FLOPS="1e11",
+        **(env or {}),
+    )
+    cmd = [sys.executable, "pretrain/launch.py", "--config", str(config), "--out", str(out)]
+    cmd += ["--nproc", str(nproc), "--callback", "rank_callbacks:checkpoint_report", *extra]
+    for o in overrides:
+        cmd += ["--set", o]
+    if not wait:
+        return subprocess.Popen(
+            cmd,
+            env=full_env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    proc = subprocess.run(cmd, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return None

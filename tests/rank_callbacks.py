@@ -152,16 +152,16 @@ def count_live_ddp_at_shutdown(path: Path) -> None:
     """Write the number of live DistributedDataParallel modules to ``path`` at shutdown."""
     from torch.nn.parallel import DistributedDataParallel
 
-    import pretrain.distributed as pd
+    import cluster.context as context
 
-    shutdown = pd.shutdown
+    shutdown = context.shutdown
 
     def counting_shutdown() -> None:
         live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
         path.write_text(str(live))
         shutdown()
 
-    pd.shutdown = counting_shutdown
+    context.shutdown = counting_shutdown
 
 
 def stall_or_fail_writes(rank: str, slow: str | None, fail: str | None) -> None:

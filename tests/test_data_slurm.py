@@ -13,7 +13,7 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.progress import LogProgress, progress_bar
-from pretrain.slurm import sbatch_script
+from pretrain.sbatch import sbatch_script
 
 ROOT = Path(__file__).resolve().parent.parent
 FRONTIER = ROOT / "pretrain" / "configs" / "huginn-3.5b-frontier.yaml"

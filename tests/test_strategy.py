@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from cluster.context import DistContext
 from pretrain.callbacks import CallbackError, TrainerCallback, load_callback
 from pretrain.config import TrainConfigError, load_config
-from pretrain.distributed import DistContext
 from pretrain.plan import DEVICES, PlanError, count_parameters, plan_all, plan_memory
 from pretrain.strategy import REGISTRY, Strategy, StrategyError, get_strategy, register
 from pretrain.trainer import Trainer

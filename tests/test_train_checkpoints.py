@@ -5,14 +5,13 @@ size at 4096 ranks, the allocator setting, the out-of-memory snapshot and the pr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import tree_digest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -39,14 +38,6 @@ def tiny_run(tiny):
     run = root / "run"
     assert launch_main(["--config", str(config), "--out", str(run)]) == 0
     return root, config, run
-
-
-def tree_digest(directory: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 def test_relaunch_without_resume_is_refused_and_changes_nothing(tiny_run, capsys):
@@ -137,8 +128,8 @@ def fake_checkpoint(directory: ck.CheckpointDirectory, step: int) -> None:
 
 
 def test_pruning_runs_in_the_background_and_spares_latest_and_writes(tmp_path, monkeypatch):
+    from cluster.context import DistContext
     from pretrain.checkpoint_manager import CheckpointManager
-    from pretrain.distributed import DistContext
 
     directory = ck.CheckpointDirectory(tmp_path, keep_last=1)
     for step in (1, 2, 3):
@@ -340,7 +331,7 @@ def test_no_trainer_is_alive_when_the_process_group_goes(tiny_run, tmp_path, mon
     destructor would hang gloo's exit) must be unreachable, however the run ended."""
     import weakref
 
-    import pretrain.distributed as pd
+    import cluster.context as context
     import pretrain.trainer as tr
     from pretrain.checkpoint_manager import CheckpointWriteError
     from pretrain.config import load_config
@@ -362,7 +353,9 @@ def test_no_trainer_is_alive_when_the_process_group_goes(tiny_run, tmp_path, mon
             return {"step": 2, "nothing_to_train": True}
 
     monkeypatch.setattr(tr, "Trainer", EndingTrainer)
-    monkeypatch.setattr(pd, "shutdown", lambda: alive_at_shutdown.append(made[0]() is not None))
+    monkeypatch.setattr(
+        context, "shutdown", lambda: alive_at_shutdown.append(made[0]() is not None)
+    )
     config = load_config(tiny_run[1], [])
     if ending == "raises":
         with pytest.raises(RuntimeError, match="a step failed"):

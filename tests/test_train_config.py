@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from cluster.rocm import frontier_environment, set_frontier_environment
+from cluster.slurm import parse_first_host, set_torch_env_from_slurm
+from cluster.torchrun import strip_nproc
 from pretrain.config import DEFAULT_CONFIG, TrainConfigError, load_config
-from pretrain.launch import strip_nproc
-from pretrain.rocm import frontier_environment, set_frontier_environment
-from pretrain.slurm import parse_first_host, sbatch_script, set_torch_env_from_slurm
+from pretrain.sbatch import sbatch_script
 
 REPO = Path(__file__).resolve().parent.parent
 FRONTIER = REPO / "pretrain" / "configs" / "huginn-3.5b-frontier.yaml"
@@ -158,7 +159,7 @@ def test_collective_timeouts_are_configured_and_checked():
 
 
 def test_the_flight_recorder_is_set_for_nccl_unless_the_user_set_it(tmp_path):
-    from pretrain.watchdog import enable_flight_recorder
+    from cluster.flight_recorder import enable_flight_recorder
 
     environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
     enable_flight_recorder(tmp_path / "run", environ)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, launch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -35,43 +35,6 @@ TINY = dict(
     val_batches=1,
     warmup_steps=1,
 )
-
-
-def launch(
-    root: Path,
-    config: Path,
-    out: Path,
-    nproc: int,
-    *overrides: str,
-    extra: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    wait: bool = True,
-) -> subprocess.Popen | None:
-    out.mkdir(parents=True, exist_ok=True)
-    full_env = dict(
-        os.environ,
-        PYTHONPATH=f"{REPO / 'tests'}{os.pathsep}{REPO}",
-        DCP_TEST_OUT=str(out),
-        PRETRAIN_PEAK_FLOPS="1e11",
-        **(env or {}),
-    )
-    cmd = [sys.executable, "pretrain/launch.py", "--config", str(config), "--out", str(out)]
-    cmd += ["--nproc", str(nproc), "--callback", "rank_callbacks:checkpoint_report", *extra]
-    for o in overrides:
-        cmd += ["--set", o]
-    if not wait:
-        return subprocess.Popen(
-            cmd,
-            env=full_env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-    proc = subprocess.run(cmd, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return None
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -353,7 +316,7 @@ def assert_no_pickle(directory: Path) -> None:
 
 def test_gpu_is_local_rank_modulo_visible_devices(monkeypatch):
     """Under ``--gpu-bind=closest`` each task sees one device: LOCAL_RANK 5 must use cuda:0."""
-    from pretrain.distributed import pick_device
+    from cluster.context import pick_device
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -367,7 +330,8 @@ def test_gpu_is_local_rank_modulo_visible_devices(monkeypatch):
 
 
 def test_hsdp_shard_group_is_one_node(monkeypatch):
-    from pretrain.distributed import DistContext, ranks_per_node
+    from cluster.context import DistContext
+    from pretrain.distributed import ranks_per_node
 
     ctx = DistContext(rank=0, local_rank=0, world_size=4096)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -22,10 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, write_config, write_corpus
+from helpers import REPO, launch, tree_digest, write_config, write_corpus
 from safetensors.torch import load_file
-from test_train_checkpoints import tree_digest
-from test_train_dcp import launch
 
 import recurrent_model
 from pretrain import checkpointing as ck
@@ -417,7 +415,7 @@ def alive(pid: int) -> bool:
 def test_sigterm_to_the_local_launcher_reaches_every_rank(tmp_path):
     (tmp_path / "fault_rank.py").write_text(RANK_MODULE)
     driver = (
-        "import sys\nfrom pretrain.distributed import relaunch_with_torchrun\n"
+        "import sys\nfrom cluster.torchrun import relaunch_with_torchrun\n"
         f"sys.exit(relaunch_with_torchrun(2, [{str(tmp_path)!r}], module='fault_rank'))\n"
     )
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")

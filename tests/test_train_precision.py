@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from cluster.context import DistContext
 from pretrain.config import TrainConfig
 from pretrain.distributed import (
-    DistContext,
     build_model,
-    data_parallel_mesh,
+    flat_mesh,
     init_parameters,
     materialise,
     reshard_core,
@@ -21,6 +21,7 @@ from pretrain.distributed import (
 )
 from pretrain.plan import DEVICES, plan_memory
 from pretrain.precision import PrecisionError, resolve_precision
+from pretrain.strategy import get_strategy
 from recurrent_model import RecurrentLM, preset
 
 SEED = 11
@@ -63,7 +64,7 @@ def sharded_tiny(precision) -> RecurrentLM:
     """The tiny model, FSDP2-sharded over a one-rank mesh (what fsdp does on many), initialised."""
     with torch.device("meta"):
         model = RecurrentLM(tiny_config(), init_weights=False)
-    shard_model(model, data_parallel_mesh(DistContext(), "fsdp"), precision)
+    shard_model(model, flat_mesh(DistContext()), precision)
     materialise(model, torch.device("cpu"))
     init_parameters(model, SEED)
     return model
@@ -159,7 +160,11 @@ def test_meta_build_gives_todays_weights_on_one_rank(one_rank_group):
     reference = list(todays_init(tiny_config()).parameters())
     for strategy in ("ddp", "bucketed"):
         model, wrapped = build_model(
-            tiny_config(), one_rank_group, resolve_precision("fp32", "cpu"), strategy, SEED
+            tiny_config(),
+            one_rank_group,
+            resolve_precision("fp32", "cpu"),
+            get_strategy(strategy),
+            SEED,
         )
         assert wrapped is model and model.lm_head.weight is model.transformer.wte.weight
         assert all(torch.equal(a, b) for a, b in zip(reference, model.parameters()))
@@ -176,7 +181,8 @@ def _two_rank_build(rank: int, store: str, results) -> None:
         report = {}
         for strategy, shard_size in (("fsdp", 0), ("hsdp", 1), ("ddp", 0)):
             precision = resolve_precision("bf16", "cpu")
-            model, _ = build_model(tiny_config(), ctx, precision, strategy, SEED, shard_size)
+            chosen = get_strategy(strategy, shard_size=shard_size)
+            model, _ = build_model(tiny_config(), ctx, precision, chosen, SEED)
             same = all(torch.equal(a, full(b)) for a, b in zip(reference, model.parameters()))
             acts, norms, _ = record_dtypes(model, inputs)  # a collective forward under fsdp/hsdp
             state = acts["core.hook_state"] | acts["hook_e"] | acts["core.0.hook_resid_post"]

@@ -2,9 +2,9 @@
 
 Nothing is downloaded: the code comes from the running interpreter's ``Lib`` directory (a seeded subset
 chosen by size), the reasoning data from the generators in ``tasks.arithmetic``, ``tasks.depth`` (tasks
-whose number of sequential steps is controlled, trained levels and train split only) and ``reasoning``.
-A quarter of the arithmetic and word-problem documents are rendered with the Huginn chat template
-(without the leading BOS, which the packer adds to every document).
+whose number of sequential steps is controlled, trained levels and train split only) and
+``tasks.reasoning``. A quarter of the arithmetic and word-problem documents are rendered with the
+Huginn chat template (without the leading BOS, which the packer adds to every document).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recurrent_model.tokenizer import ASSISTANT_ROLE, BEGIN_HEADER, END_HEADER, END_TURN
-from tasks import arithmetic, depth
+from tasks import arithmetic, depth, reasoning
 
-from . import reasoning
 from .config import STARTER, DataError
 from .readers import Document, decode_utf8
 

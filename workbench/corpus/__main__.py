@@ -63,15 +63,15 @@ def slurm_script(args: argparse.Namespace, argv: list[str]) -> str:
     """A job running this command on every rank of the configured cluster."""
     import shlex
 
-    from pretrain.config import load_config
-    from pretrain.slurm import job_preamble, rank_step
+    from cluster.config import load_cluster
+    from cluster.job_script import job_preamble, rank_step
 
-    config = load_config(args.cluster_config)
+    cluster = load_cluster(args.cluster_config)
     rest = [a for a in argv if a != "--slurm-script"]
     about = ["# The corpus engine: a relaunch of this script resumes DIR (finished units verify)."]
-    lines = job_preamble(config, "huginn-corpus", 1, args.out, about)
+    lines = job_preamble(cluster, "huginn-corpus", 1, args.out, about)
     command = "python -m workbench.corpus " + " ".join(shlex.quote(a) for a in rest)
-    return "\n".join([*lines, *rank_step(config, command)])
+    return "\n".join([*lines, *rank_step(cluster, command)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(slurm_script(args, argv), end="")
         return 0
     if args.nproc and args.nproc > 1 and "RANK" not in os.environ:
-        from pretrain.distributed import relaunch_with_torchrun
-        from pretrain.launch import strip_nproc
+        from cluster.torchrun import relaunch_with_torchrun, strip_nproc
 
         return relaunch_with_torchrun(args.nproc, strip_nproc(argv), module="workbench.corpus")
     return run(args, seeds, lens_steps)

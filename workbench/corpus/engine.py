@@ -173,7 +173,7 @@ def _prompt_columns(
 
 def rank_context():
     """This process's rank, world size and device (one process without torchrun)."""
-    from pretrain.distributed import init_distributed
+    from cluster.context import init_distributed
 
     return init_distributed("auto", timeout_minutes=60)
 
@@ -183,7 +183,7 @@ def run(
 ) -> Path:
     """Analyse the job's prompts into ``out``; returns ``out``. Under torchrun, call it on every
     rank (``ctx`` from :func:`rank_context`): rank 0 writes the manifest and the summary."""
-    from pretrain.distributed import DistContext
+    from cluster.context import DistContext
 
     ctx = ctx or DistContext()
     out = Path(out)
@@ -315,7 +315,7 @@ class _Progress:
 def run_in_process(model_path: str, make_job, out: str | Path, dtype: str | None = None) -> Path:
     """Load the model on this rank's device, build the job from it (``make_job(model)``: defaults
     such as 4r̄ steps come from the model) and run: the CLI's entry, one rank of a launch."""
-    from pretrain.distributed import shutdown
+    from cluster.context import shutdown
 
     ctx = rank_context()
     try:

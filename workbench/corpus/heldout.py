@@ -56,7 +56,7 @@ def code_snippets(n: int, seed: int = 0) -> list[Snippet]:
 
 def prose_snippets(n: int, seed: int = 777) -> list[Snippet]:
     """Word problems with their worked answers, from the corpus generators with an unused seed."""
-    from pretrain.data import reasoning  # the training data's generators, with a held-out seed
+    from tasks import reasoning  # the training data's generators, with a held-out seed
 
     rng = random.Random(f"census-prose:{seed}")
     out: list[Snippet] = []
@@ -68,7 +68,7 @@ def prose_snippets(n: int, seed: int = 777) -> list[Snippet]:
 
 def plain_prose_snippets(n: int, seed: int = 778) -> list[Snippet]:
     """The same kind of word problem as bare sentences: no "Question:" / "Answer:" frame."""
-    from pretrain.data import reasoning
+    from tasks import reasoning
 
     rng = random.Random(f"census-plain:{seed}")
     return [(rng.choice(reasoning.WORD_PROBLEMS)(rng)[0], float("nan"), "") for _ in range(n)]
