@@ -13,7 +13,7 @@ request_thread_independent_products()
 _HOMES = {
     "atomic_directory": "atomic_io",
     "CheckpointError": "checkpoint",
-    "load_model": "checkpoint",
+    "load_model": "families",
     "PRESETS": "config",
     "ConfigError": "config",
     "RecurrentConfig": "config",
@@ -41,10 +41,11 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from .atomic_io import atomic_directory
-    from .checkpoint import CheckpointError, load_model
+    from .checkpoint import CheckpointError
     from .config import PRESETS, ConfigError, RecurrentConfig, preset
     from .depth import Depth, sample_depth, split_depth
     from .diffusion import DiffusionConfig, DiffusionOutput
+    from .families import load_model
     from .generation import GenerationConfig, GenerationOutput
     from .hooks import ActivationCache, Hook, HookError, HookPoint
     from .kv_cache import KVCache, KVCacheTooLarge

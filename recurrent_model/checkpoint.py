@@ -1,4 +1,5 @@
-"""Reading and writing checkpoints in the Hugging Face "huginn_raven" layout (safetensors only).
+"""Reading and writing checkpoints in the Hugging Face "huginn_raven" layout (safetensors only), and the
+checks every family's loader shares (directory, config.json, headers, tensor names and shapes).
 
 Loading builds the model on the meta device (no initialisation that the weights would overwrite),
 checks the tokenizer and every tensor's name and shape from the safetensors headers before reading any
@@ -116,10 +117,15 @@ def read_headers(directory: Path, files: dict[str, list[str]]) -> dict[str, Tens
     return found
 
 
-def check_tensors(expected: dict[str, tuple], found: dict[str, TensorHeader]) -> list[str]:
-    """Every mismatch between the model's tensors and the file's, as readable lines."""
+def check_tensors(
+    expected: dict[str, tuple],
+    found: dict[str, TensorHeader],
+    optional: frozenset[str] = frozenset({TIED_HEAD}),
+) -> list[str]:
+    """Every mismatch between the model's tensors and the file's, as readable lines; a tensor in
+    ``optional`` may be absent (Huginn's head, tied to the embedding)."""
     problems = []
-    for key in sorted(set(expected) - set(found) - {TIED_HEAD}):
+    for key in sorted(set(expected) - set(found) - optional):
         problems.append(f"missing tensor {key} (expected shape {list(expected[key])})")
     for key in sorted(set(found) - set(expected) - set(IGNORED_KEYS)):
         problems.append(
@@ -167,24 +173,24 @@ def load_weights_into(model: RecurrentLM, path: str | os.PathLike) -> None:
                     params[key].copy_(f.get_tensor(key))
 
 
-def _set_parameter(model: nn.Module, key: str, value: torch.Tensor) -> None:
+def set_parameter(model: nn.Module, key: str, value: torch.Tensor) -> None:
+    """Replace the parameter ``key`` of ``model`` (a meta-device one) by ``value``, frozen."""
     module_path, _, attr = key.rpartition(".")
     module = model.get_submodule(module_path)
     setattr(module, attr, nn.Parameter(value, requires_grad=False))
 
 
 # Loading -----------------------------------------------------------------------------------------
-def load_model(
-    path: str | os.PathLike,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | str | None = None,
-    *,
-    require_tokenizer: bool = False,
+def load_family(
+    directory: Path,
+    raw: dict,
+    label: str | None,
+    device: torch.device | str | None,
+    dtype: torch.dtype | str | None,
+    require_tokenizer: bool,
 ) -> RecurrentLM:
-    """Load a Huginn-layout checkpoint directory (one safetensors file or index + shards), in eval mode.
-
-    A ``path`` that does not exist but looks like a hub id ("org/name", "org/name@revision") is
-    resolved through huggingface_hub's cache (``recurrent_model.hub``; safetensors only).
+    """Load a Huginn-layout checkpoint directory (one safetensors file or index + shards), in eval
+    mode, from its parsed config.json ``raw`` (``recurrent_model.load_model`` picks the family).
 
     ``dtype=None`` (or "auto") keeps the dtype the checkpoint stores (``stored_dtype``), as "auto" does
     in the Hugging Face stack; ``device`` defaults to the CPU. The tokenizer is checked before any
@@ -197,8 +203,6 @@ def load_model(
     Replace a loaded checkpoint's files by writing a new directory, as ``save_pretrained`` does, never
     by rewriting them in place.
     """
-    directory, label = checkpoint_directory(path)
-    raw = read_config_json(directory)
     config = RecurrentConfig.from_dict(raw)
     if "name" not in config.extra and config.name == RecurrentConfig.name:
         config.name = label or directory.resolve().name
@@ -262,9 +266,12 @@ def read_config_json(directory: Path) -> dict:
     if not config_path.is_file():
         raise CheckpointError(f"{directory} has no config.json, so it is not a checkpoint")
     try:
-        return json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{config_path} holds a {type(raw).__name__}, not a JSON object")
+    return raw
 
 
 def checked_tokenizer(
@@ -332,7 +339,7 @@ def assign_weights(
         if key == TIED_HEAD:
             head = tensor
             continue
-        _set_parameter(model, key, tensor)
+        set_parameter(model, key, tensor)
     model.lm_head.weight = model.transformer.wte.weight
     if head is not None and not torch.equal(head, model.transformer.wte.weight):
         raise CheckpointError(

@@ -245,8 +245,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     """Load the model, generate and report; library errors become one line naming the flags."""
-    from .checkpoint import CheckpointError, load_model
+    from .checkpoint import CheckpointError
     from .config import ConfigError
+    from .families import load_model
     from .kv_cache import KVCacheTooLarge
     from .tokenizer import TokenizerError
 

@@ -82,12 +82,14 @@ class Step:
     (B, h) float32) or wave positions (diffusion: (1, n, h)); None for a diffusion criterion that
     needs logits, which judges the guesses through ``wave.stability``. logits: (B, V) in generate
     for a criterion with ``needs_logits``, else None. wave: the sampler's wave, None in generate.
+    gate: (B,) this step's exit probability λ_i of a family with a learned exit gate (Ouro).
     """
 
     now: torch.Tensor | None
     before: torch.Tensor | None
     logits: torch.Tensor | None = None
     wave: WaveView | None = None
+    gate: torch.Tensor | None = None
 
 
 class Judge(Protocol):
@@ -115,6 +117,7 @@ class Criterion:
     meaning: str
     start: Callable[[], Judge]
     passes: Callable[[torch.Tensor, float], torch.Tensor] = operator.lt
+    needs_gate: bool = False  # reads a learned exit gate: only families that have one
 
     def converged(self, value: torch.Tensor, threshold: float) -> torch.Tensor:
         """Boolean per row or position; a NaN value raises :class:`NonFiniteState`."""
@@ -284,6 +287,24 @@ class _ArgmaxRun:
         return self.count
 
 
+class _CumulativeExit:
+    """Σ_{j≤i} p_j of a learned exit gate: p_j = λ_j ∏_{k<j}(1 − λ_k), the published exit
+    distribution (Ouro), so a row exits at the first step whose cumulative probability reaches the
+    threshold."""
+
+    def __init__(self) -> None:
+        self.remaining: torch.Tensor | None = None
+
+    def __call__(self, step: Step) -> torch.Tensor:
+        if step.gate is None:
+            raise ValueError("the exit-gate criterion was given a step without the exit gate")
+        remaining = (
+            step.gate.new_ones(step.gate.shape) if self.remaining is None else self.remaining
+        )
+        self.remaining = remaining * (1.0 - step.gate.float())
+        return 1.0 - self.remaining
+
+
 # The registry ------------------------------------------------------------------------------------
 _GEN, _DIFF, _BOTH = ("generate",), ("diffusion",), ("generate", "diffusion")
 
@@ -322,6 +343,8 @@ _BUILT_IN = (
               _Acceleration2),
     Criterion("token-stability", True, None, _DIFF, "sampler steps the guess stayed the same",
               lambda: _token_stability, operator.gt),
+    Criterion("exit-gate", False, 0.5, _GEN, "cumulative probability of the learned exit gate (Ouro)",
+              _CumulativeExit, operator.ge, needs_gate=True),
 )  # fmt: skip
 for _criterion in _BUILT_IN:
     register(_criterion)

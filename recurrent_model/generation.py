@@ -115,7 +115,12 @@ class GenerationConfig:
                 raise ValueError("min_steps, max_steps and exit_threshold need an exit_criterion")
             low = high = steps
         else:
-            ExitCriterion(self.exit_criterion, self.exit_threshold)  # validates name and threshold
+            criterion = ExitCriterion(self.exit_criterion, self.exit_threshold)  # validates both
+            if criterion.criterion.needs_gate:
+                raise ValueError(
+                    f"exit criterion {self.exit_criterion!r} reads a learned exit gate, which "
+                    f"{model.name} (the Huginn layout) does not have"
+                )
             high = check_int("max_steps", steps if self.max_steps is None else self.max_steps, 1)
             low = check_int("min_steps", 1 if self.min_steps is None else self.min_steps, 1)
             if low > high:

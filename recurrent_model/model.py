@@ -9,8 +9,6 @@ p   = softmax( lm_head( ln_f( Coda( ln_f(s_r) ) ) ) )
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -24,16 +22,8 @@ from .config import ContextLengthError, RecurrentConfig
 from .depth import split_depth
 from .diffusion import DiffusionOutput, generate_diffusion
 from .generation import GenerationOutput, generate
-from .hooks import (
-    ActivationCache,
-    HookError,
-    HookFn,
-    HookPoint,
-    check_filter,
-    name_matcher,
-    unknown_hook,
-    unmatched_predicate,
-)
+from .hooked import HookedModel
+from .hooks import HookPoint
 from .layers import RMSNorm, SandwichBlock, rope_table
 from .saving import save_pretrained
 from .stack import CacheSlots, LayerCache, LayerStack, StackHooks, run_module
@@ -45,8 +35,10 @@ __all__ = ["ContextLengthError", "LayerCache", "ModelOutput", "RecurrentLM", "Tr
 class ModelOutput:
     """What a forward pass returns.
 
-    logits: (B, T, V) float32. latents: ln_f(s_r), (B, T, h). state: the raw last state s_r.
-    loss: mean next-token cross-entropy when labels were given.
+    logits: (B, T, V) float32. latents: the normalised last state (Huginn: ln_f(s_r)), (B, T, h).
+    state: the raw last state s_r. loss: mean next-token cross-entropy when labels were given.
+    exit_pdf: (B, T, r) the learned exit distribution over the loops of a family that has one
+    (Ouro), None for the others.
     """
 
     logits: torch.Tensor
@@ -54,6 +46,7 @@ class ModelOutput:
     state: torch.Tensor
     num_steps: int
     loss: torch.Tensor | None = None
+    exit_pdf: torch.Tensor | None = None
 
 
 class Transformer(nn.Module):
@@ -79,7 +72,7 @@ class Transformer(nn.Module):
         self.ln_f = RMSNorm(h, config.norm_eps)
 
 
-class RecurrentLM(nn.Module):
+class RecurrentLM(HookedModel):
     """A recurrent-depth language model in the Huginn layout, with named hooks on every state."""
 
     def __init__(self, config: RecurrentConfig, init_weights: bool = True) -> None:
@@ -100,13 +93,13 @@ class RecurrentLM(nn.Module):
         self.hook_latent = HookPoint(hook_names.LATENT)
         self.hook_final_norm = HookPoint(hook_names.FINAL_NORM)
         self.hook_logits = HookPoint(hook_names.LOGITS)
-        self._hook_points = self._collect_hook_points()
+        self.set_hook_points(self._collect_hook_points())
         self.stack_hooks = self._stack_hooks()
         if init_weights:
             self.reset_parameters()
 
     # Construction --------------------------------------------------------------------------------
-    def _collect_hook_points(self) -> dict[str, HookPoint]:
+    def _collect_hook_points(self) -> list[HookPoint]:
         t = self.transformer
         points: list[HookPoint] = [self.hook_embed]
         for block in t.prelude:
@@ -121,7 +114,7 @@ class RecurrentLM(nn.Module):
         c = self.config  # the names created here must be the ones hook_names.py declares
         counts = (c.n_layers_in_prelude, c.n_layers_in_recurrent_block, c.n_layers_in_coda)
         hook_names.check_created([p.name for p in points], *counts)
-        return {p.name: p for p in points}
+        return points
 
     def _stack_hooks(self) -> StackHooks:
         t = self.transformer
@@ -321,104 +314,10 @@ class RecurrentLM(nn.Module):
             loss = F.cross_entropy(logits, labels.flatten().to(logits.device), ignore_index=-100)
         return ModelOutput(out.logits, out.latents, out.state, num_steps, loss)
 
-    # Hooks ---------------------------------------------------------------------------------------
-    def hook_names(self) -> list[str]:
-        """Every hook name, in the order the hooks fire within one iteration of the forward pass."""
-        return list(self._hook_points)
-
-    def has_hooks(self) -> bool:
-        """True while any hook function is attached (generation then runs the hooked path)."""
-        return any(p.fns for p in self._hook_points.values())
-
-    def hook_point(self, name: str) -> HookPoint:
-        try:
-            return self._hook_points[name]
-        except KeyError:
-            raise unknown_hook(str(name), list(self._hook_points)) from None
-
-    def _resolve(self, name_or_predicate: str | Callable[[str], bool]) -> list[HookPoint]:
-        """The hook points a name or predicate selects; selecting none is a HookError."""
-        if isinstance(name_or_predicate, str):
-            return [self.hook_point(name_or_predicate)]
-        if callable(name_or_predicate):
-            points = [p for n, p in self._hook_points.items() if name_or_predicate(n)]
-            if not points:
-                raise unmatched_predicate(name_or_predicate, list(self._hook_points))
-            return points
-        raise HookError(f"a hook is named by a string or a predicate, got {name_or_predicate!r}")
-
-    @contextmanager
-    def hooks(
-        self, fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = ()
-    ) -> Iterator[RecurrentLM]:
-        """Attach ``fn(tensor, hook)`` to hook points for the duration of a ``with`` block.
-
-        A function may return a tensor that replaces the activation (patching, steering, ablation).
-        Hooks are removed on exit, also when the block raises.
-        """
-        added: list[tuple[HookPoint, HookFn]] = []
-        try:
-            for name_or_predicate, fn in fwd_hooks:
-                for point in self._resolve(name_or_predicate):
-                    point.fns.append(fn)
-                    added.append((point, fn))
-            yield self
-        finally:
-            for point, fn in reversed(added):
-                point.fns.remove(fn)
-
-    def reset_hooks(self) -> None:
-        """Remove every attached hook function."""
-        for point in self._hook_points.values():
-            point.fns.clear()
-
-    def run_with_cache(
-        self,
-        input_ids: torch.Tensor,
-        num_steps: int | None = None,
-        init_state: torch.Tensor | None = None,
-        names_filter: Any = None,
-        cache_device: torch.device | str | None = None,
-        cache_dtype: torch.dtype | None = None,
-        **forward_kwargs: Any,
-    ) -> tuple[ModelOutput, ActivationCache]:
-        """Forward pass that records the activations of every hook accepted by ``names_filter``.
-
-        Per-iteration hooks are stacked: ``cache[hook_names.STATE]`` is (num_steps + 1, B, T, h) with
-        s_0 … s_r; ``cache.at(name, step)`` reads one step. ``cache_device`` (e.g. "cpu") and ``cache_dtype`` (e.g. torch.float16) shrink
-        recordings of big runs.
-        """
-        steps = self.config.mean_recurrence if num_steps is None else int(num_steps)
-        check_filter(names_filter, list(self._hook_points))
-        wanted = name_matcher(names_filter)
-        cache = ActivationCache()
-
-        def store(x: torch.Tensor, point: HookPoint, step: int | None) -> None:
-            x = x.detach()
-            if not point.iterated:
-                cache[point.name] = x.to(
-                    device=cache_device or x.device, dtype=cache_dtype or x.dtype
-                )
-                return
-            first = hook_names.first_step(point.name)  # 0 for s_0 … s_r, else 1 … r
-            if point.name not in cache:
-                cache[point.name] = torch.empty(
-                    (steps + 1 - first, *x.shape),
-                    device=cache_device or x.device,
-                    dtype=cache_dtype or x.dtype,
-                )
-            cache[point.name][step - first].copy_(x)
-
-        recorders = [
-            (name, lambda x, hook, p=point: store(x, p, hook.step))
-            for name, point in self._hook_points.items()
-            if wanted(name)
-        ]
-        with self.hooks(recorders):
-            output = self.forward(
-                input_ids, num_steps=steps, init_state=init_state, **forward_kwargs
-            )
-        return output, cache
+    # Hooks (the names, ``hooks`` and ``run_with_cache`` are HookedModel's) -------------------------
+    def default_steps(self) -> int:
+        """The config's mean recurrence r̄: the depth of a forward with ``num_steps=None``."""
+        return self.config.mean_recurrence
 
     # Generation ----------------------------------------------------------------------------------
     @overload

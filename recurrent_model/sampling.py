@@ -95,10 +95,17 @@ class ExitCriterion:
         """Forget the previous step (call at the start of every token)."""
         self._judge = self.criterion.start()
 
-    def __call__(self, state: torch.Tensor, prev_state: torch.Tensor, logits: torch.Tensor | None):
+    def __call__(
+        self,
+        state: torch.Tensor,
+        prev_state: torch.Tensor,
+        logits: torch.Tensor | None,
+        gate: torch.Tensor | None = None,
+    ):
         """Boolean (B,): rows whose criterion says "converged" after this step.
 
-        state, prev_state: (B, 1, h) raw states s_i, s_{i−1}; logits: (B, V) when ``needs_logits``.
+        state, prev_state: (B, 1, h) raw states s_i, s_{i−1}; logits: (B, V) when ``needs_logits``;
+        gate: (B,) the step's exit probability λ_i for a criterion that reads a learned gate.
         """
-        step = Step(state[:, -1].float(), prev_state[:, -1].float(), logits)
+        step = Step(state[:, -1].float(), prev_state[:, -1].float(), logits, gate=gate)
         return self.criterion.converged(self._judge(step), self.threshold)

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from .checkpoint import load_model, resolve_dtype
+from .checkpoint import resolve_dtype
 from .config import preset
+from .families import load_model
 from .model import RecurrentLM
 from .tokenizer import ALL_SPECIAL_TOKENS, HuginnTokenizer, special_token_offset
 

@@ -1,0 +1,110 @@
+"""Generation for a family whose head reads every loop's state directly (Ouro): every token runs all
+r loops, so that later tokens find every (loop, layer) slot of the KV cache filled, as the published
+code does, and an exit criterion chooses which loop's logits give the token.
+
+With ``exit_criterion="exit-gate"`` a token takes the first loop whose cumulative exit probability
+reaches ``exit_threshold`` (Ouro's published exit rule); any other generate criterion of
+``criteria.CRITERIA`` judges the loops the same way (the first loop, from ``min_steps`` on, where it
+passes). Without one, the last loop's logits give the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import hook_names
+from .llama_layers import SlotCache
+from .options import check_int, check_prompt, stop_tokens_for
+from .sampling import ExitCriterion, Sampler
+
+EXIT_GATE = "core.hook_exit_gate"
+
+
+@dataclass
+class LoopGenerationOutput:
+    """sequences (B, T + new); exit_steps (B, new): the 1-based loop whose logits chose each new
+    token (r without an exit criterion); num_steps: the loops every token ran."""
+
+    sequences: torch.Tensor
+    exit_steps: torch.Tensor
+    num_steps: int
+
+
+@torch.no_grad()
+def generate_every_loop(
+    model: Any,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    num_steps: int | None = None,
+    *,
+    exit_criterion: str | None = None,
+    exit_threshold: float | None = None,
+    min_steps: int = 1,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    stop_tokens: tuple[int, ...] | None = None,
+    return_details: bool = False,
+) -> torch.Tensor | LoopGenerationOutput:
+    """Greedy (or sampled) continuation of ``input_ids`` (B, T; rows of equal length) by
+    ``max_new_tokens`` tokens; rows that produced a stop token continue with that token."""
+    ids = check_prompt(model, input_ids, max_new_tokens)
+    steps = check_int("num_steps", model.default_steps() if num_steps is None else num_steps, 1)
+    check_int("min_steps", min_steps, 1)
+    if exit_criterion is None and exit_threshold is not None:
+        raise ValueError("exit_threshold needs an exit_criterion")
+    criterion = ExitCriterion(exit_criterion, exit_threshold) if exit_criterion else None
+    sampler = Sampler(do_sample, temperature, top_k, top_p, None, generator)
+    stops = torch.tensor(stop_tokens_for(model, stop_tokens), device=ids.device)
+    cache, chunk, start = SlotCache(), ids, 0
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    new_tokens, exits = [], []
+    for _ in range(max_new_tokens):
+        logits, chosen = _last_position(model, chunk, steps, cache, start, criterion, min_steps)
+        token, _ = sampler.choose(logits)
+        token = torch.where(done, new_tokens[-1] if new_tokens else token, token)
+        done |= torch.isin(token, stops)
+        new_tokens.append(token)
+        exits.append(chosen)
+        start += chunk.shape[1]
+        chunk = token[:, None]
+    sequences = torch.cat([ids, torch.stack(new_tokens, dim=1)], dim=1)
+    if not return_details:
+        return sequences
+    return LoopGenerationOutput(sequences, torch.stack(exits, dim=1), steps)
+
+
+def _last_position(
+    model: Any,
+    chunk: torch.Tensor,
+    steps: int,
+    cache: SlotCache,
+    start: int,
+    criterion: ExitCriterion | None,
+    min_steps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk run through every loop with the cache; at its last position, the logits (B, V)
+    of the chosen loop and that loop (1-based, (B,))."""
+    names = [hook_names.STATE, EXIT_GATE]
+    out, recorded = model.run_with_cache(chunk, num_steps=steps, names_filter=names,
+                                         cache=cache, start=start)  # fmt: skip
+    if criterion is None:
+        return out.logits[:, -1], torch.full_like(chunk[:, 0], steps)
+    states = recorded[hook_names.STATE][:, :, -1:]  # (r + 1, B, 1, h)
+    gates = recorded[EXIT_GATE][:, :, -1]  # (r, B)
+    every = model.coda(states[1:, :, -1])[0]  # (r, B, V): each loop's logits
+    criterion.reset()
+    passed = torch.stack([
+        criterion(states[step], states[step - 1], every[step - 1], gates[step - 1])
+        for step in range(1, steps + 1)
+    ])  # fmt: skip
+    loops = torch.arange(1, steps + 1, device=passed.device)[:, None]
+    passed &= (loops >= min_steps) | (loops == steps)
+    passed[-1] = True  # the last loop takes every row that has not exited
+    chosen = passed.long().argmax(dim=0) + 1
+    return every[chosen - 1, torch.arange(chunk.shape[0], device=chunk.device)], chosen
