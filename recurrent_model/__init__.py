@@ -4,9 +4,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from . import hook_names
-from .gemm_bits import request_thread_independent_products
+from .cpu_kernels import configure as _configure_cpu_kernels
 
-request_thread_independent_products()
+_configure_cpu_kernels()
 
 # Each public name and the submodule it lives in: imported on first use (PEP 562), so that
 # ``python -m recurrent_model`` can refuse bad arguments before torch is imported.

@@ -44,6 +44,7 @@ class Family:
 #: that takes the rest of that type.
 FAMILIES = (
     Family("Ouro", "ouro", "ouro"),
+    Family("Retrofitted", "huginn_raven", "retrofit", shares_model_type=True),
     Family("Huginn", "huginn_raven", "checkpoint"),
 )
 #: config.json files written before ``model_type`` was required are Huginn's layout.

@@ -75,6 +75,9 @@ class Transformer(nn.Module):
 class RecurrentLM(HookedModel):
     """A recurrent-depth language model in the Huginn layout, with named hooks on every state."""
 
+    family = "Huginn"
+    random_initial_state = True  # s_0 is drawn per run (seeds and init scales differ)
+
     def __init__(self, config: RecurrentConfig, init_weights: bool = True) -> None:
         super().__init__()
         self.config = config
@@ -313,6 +316,10 @@ class RecurrentLM(HookedModel):
             logits = out.logits.flatten(0, 1)
             loss = F.cross_entropy(logits, labels.flatten().to(logits.device), ignore_index=-100)
         return ModelOutput(out.logits, out.latents, out.state, num_steps, loss)
+
+    def state_norm(self) -> RMSNorm:
+        """The norm the analyses view the states through: ln_f (z_i = ln_f(s_i))."""
+        return self.transformer.ln_f
 
     # Hooks (the names, ``hooks`` and ``run_with_cache`` are HookedModel's) -------------------------
     def default_steps(self) -> int:

@@ -161,16 +161,6 @@ class OuroConfig:
                 f"heads={self.num_attention_heads}/{self.num_key_value_heads} r={self.total_ut_steps}")  # fmt: skip
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ll.rms_norm(x, self.weight, self.eps)
-
-
 class Attention(nn.Module):
     def __init__(self, config: OuroConfig, window: int | None) -> None:
         super().__init__()
@@ -210,12 +200,12 @@ class Layer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         sliding = config.layer_types[index] == SLIDING  # type: ignore[index]
-        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.input_layernorm = ll.RMSNorm(config.hidden_size, eps)
         self.self_attn = Attention(config, config.sliding_window if sliding else None)
-        self.input_layernorm_2 = RMSNorm(config.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.input_layernorm_2 = ll.RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm = ll.RMSNorm(config.hidden_size, eps)
         self.mlp = MLP(config)
-        self.post_attention_layernorm_2 = RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm_2 = ll.RMSNorm(config.hidden_size, eps)
         names = hook_names.block(hook_names.layer(hook_names.CORE, index))
         self.hook_points = [HookPoint(name, iterated=True) for name in names]
 
@@ -236,7 +226,7 @@ class Stack(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = ll.RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.early_exit_gate = nn.Linear(config.hidden_size, 1)
 
 
@@ -330,9 +320,10 @@ class OuroLM(HookedModel):
         """The head on a loop's (already normed) state: (float32 logits, latents = the state)."""
         return self.lm_head(state).float(), state
 
-    def normalize(self, state: torch.Tensor) -> torch.Tensor:
-        """Every s_i is the output of the shared norm already: the analyses compare it as it is."""
-        return state
+    def state_norm(self) -> None:
+        """None: every s_i is the output of the shared norm already, and the analyses compare it as
+        it is."""
+        return None
 
     # The forward pass ----------------------------------------------------------------------------
     def forward(
@@ -348,7 +339,8 @@ class OuroLM(HookedModel):
         cache: ll.SlotCache | None = None,
         start: int = 0,
     ) -> ModelOutput:
-        """Logits after ``num_steps`` loops (default ``total_ut_steps``) and the exit distribution.
+        """Logits after ``num_steps`` loops (default ``total_ut_steps``) and the exit distribution
+        (None after 0 loops, whose logits read s_0 directly: a patched or given state).
 
         ``init_state`` (B, T, h) replaces s_0 (the embedding); ``init_scale`` and ``generator`` are
         accepted for the shared interface and change nothing. ``exit_threshold`` t: each token's
@@ -361,10 +353,8 @@ class OuroLM(HookedModel):
                 f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}"
             )
         steps = self.default_steps() if num_steps is None else int(num_steps)
-        if steps < 1:
-            raise ValueError(
-                f"num_steps must be >= 1 for Ouro (one pass of its layers), got {steps}"
-            )
+        if steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {steps}")
         rope = self.rope_at(start, input_ids.shape[1])
         state = self.embed(input_ids)
         if init_state is not None:
@@ -378,8 +368,10 @@ class OuroLM(HookedModel):
             state = self.hook_state(self.core_step(state, None, rope, step, cache), step)
             states.append(state)
             gates.append(self.exit_gate(state, step))
-        pdf = exit_pdf(torch.stack(gates, dim=-1).float())
-        chosen = state if exit_threshold is None else exit_states(states, pdf, exit_threshold)
+        pdf = exit_pdf(torch.stack(gates, dim=-1).float()) if gates else None
+        chosen = state
+        if exit_threshold is not None and pdf is not None:
+            chosen = exit_states(states, pdf, exit_threshold)
         logits, latents = self.coda(chosen)
         logits = self.hook_logits(logits)
         loss = None

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # imported in the fixture, so that tests that never use it do not pay for it
+    import torch
+
     import recurrent_model as rm
 
 _MAIN = sys.modules["__main__"]  # pytest's own, captured before any test runs
@@ -78,3 +80,41 @@ def tiny(
     root = tmp_path_factory.mktemp("tiny")
     write_corpus(root / "corpus", docs=docs)
     return root, write_config(root / "tiny.yaml", root / "corpus", root / "data", **settings)
+
+
+#: The looped-LM families every family-generic test runs on.
+FAMILY_NAMES = ("huginn", "ouro", "retrofit")
+
+
+def tiny_family_model(family: str) -> torch.nn.Module:
+    """A tiny random model of ``family`` (seed 0), eval mode: Huginn's tiny preset; an Ouro with
+    a full and a sliding-window layer; a retrofitted model with GQA. Each gets a loop count of 4."""
+    import torch
+
+    import recurrent_model as rm
+    from recurrent_model.ouro import OuroConfig, OuroLM
+    from recurrent_model.retrofit import RetrofitConfig, RetrofitLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if family == "huginn":
+            return rm.RecurrentLM(rm.preset("tiny")).eval()
+        if family == "ouro":
+            config = OuroConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=96, vocab_size=512,
+                                max_position_embeddings=128, layer_types=["full_attention", "sliding_attention"],
+                                sliding_window=8, name="tiny-ouro")  # fmt: skip
+            return OuroLM(config).eval()
+        config = RetrofitConfig(n_embd=64, n_heads=4, num_key_value_heads=2, n_layers_in_prelude=1,
+                                n_layers_in_recurrent_block=2, n_layers_in_coda=1,
+                                intermediate_size=96, vocab_size=512, rope_theta=10000.0,
+                                block_size=128, mean_recurrence=4, tie_embeddings=False,
+                                init_std=0.1, name="tiny-retrofit")  # fmt: skip
+        return RetrofitLM(config).eval()
+
+
+@pytest.fixture(scope="session", params=FAMILY_NAMES)
+def family_model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    """A tiny random model of each family in turn (:func:`tiny_family_model`), shared: copy it
+    before changing it."""
+    return tiny_family_model(request.param)

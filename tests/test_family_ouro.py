@@ -194,8 +194,8 @@ def test_a_bad_checkpoint_is_refused_in_one_line(tmp_path, fault):
 
 def test_bad_calls_are_refused_in_one_line(ouro):
     ids = torch.tensor([[3, 4, 5]])
-    with pytest.raises(ValueError, match="num_steps must be >= 1"):
-        ouro(ids, num_steps=0)
+    with pytest.raises(ValueError, match="num_steps must be >= 0"):
+        ouro(ids, num_steps=-1)
     with pytest.raises(ValueError, match="init_state has shape"):
         ouro(ids, init_state=torch.zeros(1, 2, 64))
     with pytest.raises(ContextLengthError, match="exceeds the model's context of 64"):

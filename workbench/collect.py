@@ -74,14 +74,33 @@ def run_plan(seeds: Sequence[int], init_scale: float | Sequence[float]) -> list[
     return plan
 
 
+def random_start(model: torch.nn.Module) -> bool:
+    """Whether the model's family draws s_0 at random (Huginn, retrofitted); Ouro starts every run
+    from the embedding, so its seeds and init scales all give one and the same run."""
+    return bool(getattr(model, "random_initial_state", True))
+
+
+def check_runs_differ(model: torch.nn.Module, plan: Sequence[tuple[int, float]]) -> None:
+    """ValueError when several runs are asked of a family whose runs cannot differ."""
+    if len(plan) > 1 and not random_start(model):
+        family = getattr(model, "family", type(model).__name__)
+        raise ValueError(
+            f"{family} starts every run from the embedding (s_0 is not random): {len(plan)} seeds "
+            "or init scales would be the same run; collect one seed"
+        )
+
+
 def initial_states(
     model: torch.nn.Module, plan: Sequence[tuple[int, float]], shape: tuple[int, int]
-) -> torch.Tensor:
-    """s_0 for each run, (len(plan), T, h), each drawn from its own generator seeded by its seed.
+) -> torch.Tensor | None:
+    """s_0 for each run, (len(plan), T, h), each drawn from its own generator seeded by its seed;
+    None for a family that starts from the embedding (:func:`random_start`).
 
     Equal to the model's own draw for a batch of one with ``torch.Generator().manual_seed(seed)``,
     so a run is reproducible whatever it is batched with.
     """
+    if not random_start(model):
+        return None
     T, h = shape
     out = []
     for seed, scale in plan:
@@ -110,7 +129,7 @@ def aligned_length(length: int, block_size: int) -> int:
 def run_states(
     model: torch.nn.Module,
     prompts: Sequence[torch.Tensor],
-    init: Sequence[torch.Tensor] | torch.Tensor,
+    init: Sequence[torch.Tensor] | torch.Tensor | None,
     num_steps: int,
     on_step: Callable | None = None,
     cache_device: torch.device | str | None = "cpu",
@@ -137,17 +156,21 @@ def run_states(
 def aligned_batch(
     model: torch.nn.Module,
     prompts: Sequence[torch.Tensor],
-    init: Sequence[torch.Tensor] | torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, s_0) on the model's device, right-padded to the prompts' one aligned length."""
+    init: Sequence[torch.Tensor] | torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ids, s_0) on the model's device, right-padded to the prompts' one aligned length; s_0 None
+    when ``init`` is (the family's own start)."""
     block = model.config.block_size
     width = max(aligned_length(len(p), block) for p in prompts)
     if any(aligned_length(len(p), block) != width for p in prompts):
         raise ValueError("run_states batches prompts of one aligned length only")
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+    if init is None:
+        return ids.to(model.device), None
     start = torch.zeros(len(prompts), width, model.config.n_embd, dtype=model.dtype)
     for row, (prompt, s0) in enumerate(zip(prompts, init)):
-        ids[row, : len(prompt)] = prompt
         start[row, : len(prompt)] = s0[: len(prompt)]
     return ids.to(model.device), start.to(model.device)
 
@@ -194,7 +217,8 @@ def _collect_states(
     for start in tqdm(batches, desc=f"collect {model.name}", disable=not progress, leave=False):
         stop = min(start + batch_size, len(plan))
         ticks = None if on_progress is None else _ticker(on_progress, start, stop, num_steps, total)
-        states = run_states(model, [ids[0]] * (stop - start), init[start:stop], num_steps, ticks)
+        runs = None if init is None else init[start:stop]
+        states = run_states(model, [ids[0]] * (stop - start), runs, num_steps, ticks)
         raw[start:stop] = states[:, :, :T].permute(1, 0, 2, 3).numpy().astype(dtype, copy=False)
     return raw
 
@@ -228,6 +252,7 @@ def collect(
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     plan = run_plan(seeds, init_scale)
+    check_runs_differ(model, plan)
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float16):
         raise ValueError(f"dtype must be float32 or float16, got {dtype}")
@@ -235,6 +260,7 @@ def collect(
     _check_collect_fits(model, ids.shape[1], len(plan), num_steps, dtype, batch_size, max_bytes)
     raw = _collect_states(model, ids, plan, num_steps, dtype, batch_size, progress, on_progress)
     tokens = token_strings(model, ids[0].tolist())
+    norm = model.state_norm()
     return Trajectory(
         raw_states=raw,
         token_ids=ids[0].numpy().astype(np.int64),
@@ -242,8 +268,8 @@ def collect(
         seeds=tuple(seed for seed, _ in plan),
         init_scales=tuple(scale for _, scale in plan),
         model_name=str(model.name),
-        norm_weight=model.transformer.ln_f.weight.detach().float().cpu().numpy(),
-        norm_eps=float(model.transformer.ln_f.eps),
+        norm_weight=None if norm is None else norm.weight.detach().float().cpu().numpy(),
+        norm_eps=float(norm.eps) if norm is not None else 0.0,
         normalized=normalized,
     )
 

@@ -14,7 +14,7 @@ import torch
 
 from recurrent_model.hook_names import STATE, first_step
 
-from .collect import as_token_ids, token_strings
+from .collect import as_token_ids, random_start, token_strings
 
 
 class Cancelled(RuntimeError):
@@ -33,11 +33,12 @@ def encode_prompt(model, prompt: str | torch.Tensor | np.ndarray | Sequence[int]
 def fixed_init_state(
     model, length: int, init_scale: float, seed: int = 0, batch: int = 1
 ) -> torch.Tensor | None:
-    """s_0 for ``batch`` rows of ``length`` tokens: None (zeros) for init_scale 0, else one random
-    draw from the model's s_0 distribution (seeded), the same for every row."""
+    """s_0 for ``batch`` rows of ``length`` tokens: None (the family's own start: zeros for
+    init_scale 0, the embedding for Ouro) or one random draw from the model's s_0 distribution
+    (seeded), the same for every row."""
     if init_scale < 0:
         raise ValueError(f"init_scale must be >= 0, got {init_scale}")
-    if init_scale == 0:
+    if init_scale == 0 or not random_start(model):
         return None
     h = model.config.n_embd
     shape_like = torch.zeros(1, length, h, device=model.device, dtype=model.dtype)

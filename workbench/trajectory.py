@@ -35,6 +35,8 @@ class Trajectory:
 
     ``states`` is the default view: ln_f-normalised when ``normalized`` is true, raw otherwise.
     ``seeds[k]`` and ``init_scales[k]`` describe run k (axis 0 of every state array).
+    ``norm_weight`` None: the family's states are outputs of its norm already (Ouro), so the
+    normalised view is the raw states.
     """
 
     raw_states: np.ndarray
@@ -43,7 +45,7 @@ class Trajectory:
     seeds: tuple[int, ...]
     init_scales: tuple[float, ...]
     model_name: str
-    norm_weight: np.ndarray
+    norm_weight: np.ndarray | None
     norm_eps: float
     normalized: bool = True
     _normalized_cache: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -63,7 +65,7 @@ class Trajectory:
             raise ValueError(
                 f"{T} positions but {len(self.token_ids)} ids / {len(self.tokens)} tokens"
             )
-        if self.norm_weight.shape != (h,):
+        if self.norm_weight is not None and self.norm_weight.shape != (h,):
             raise ValueError(f"norm_weight must be ({h},), got {self.norm_weight.shape}")
 
     # Shapes and views ----------------------------------------------------------------------------
@@ -85,7 +87,10 @@ class Trajectory:
 
     @property
     def normalized_states(self) -> np.ndarray:
-        """z_i = ln_f(s_i), (n_runs, num_steps + 1, T, h), computed once and kept."""
+        """z_i = ln_f(s_i), (n_runs, num_steps + 1, T, h), computed once and kept (the raw
+        states for a family whose states are normalised already)."""
+        if self.norm_weight is None:
+            return self.raw_states
         if self._normalized_cache is None:
             self._normalized_cache = rms_normalize(self.raw_states, self.norm_weight, self.norm_eps)
         return self._normalized_cache
@@ -160,8 +165,9 @@ class Trajectory:
         tensors = {
             "raw_states": np.ascontiguousarray(self.raw_states),
             "token_ids": np.ascontiguousarray(self.token_ids),
-            "norm_weight": np.ascontiguousarray(self.norm_weight),
         }
+        if self.norm_weight is not None:
+            tensors["norm_weight"] = np.ascontiguousarray(self.norm_weight)
         save_file(tensors, str(path), metadata={"workbench.trajectory": json.dumps(meta)})
 
     @classmethod
@@ -187,7 +193,7 @@ class Trajectory:
             seeds=tuple(meta["seeds"]),
             init_scales=tuple(meta["init_scales"]),
             model_name=meta["model_name"],
-            norm_weight=arrays["norm_weight"],
+            norm_weight=arrays.get("norm_weight"),
             norm_eps=meta["norm_eps"],
             normalized=meta["normalized"],
         )

@@ -132,10 +132,12 @@ def stability_columns(model, run: Tokenized, num_steps: int) -> dict[str, np.nda
 
 
 def normalise(model: torch.nn.Module, raw: np.ndarray) -> np.ndarray:
-    """ln_f of raw states, exactly as ``Trajectory.states`` computes it."""
-    ln_f = model.transformer.ln_f
-    weight = ln_f.weight.detach().float().cpu().numpy()
-    return rms_normalize(raw, weight, float(ln_f.eps))
+    """The family's normalised view of raw states (Huginn: ln_f), exactly as ``Trajectory.states``
+    computes it; states a family has normalised already stay as they are."""
+    norm = model.state_norm()
+    if norm is None:
+        return raw
+    return rms_normalize(raw, norm.weight.detach().float().cpu().numpy(), float(norm.eps))
 
 
 def default_lens_steps(num_steps: int, mean_recurrence: int) -> tuple[int, ...]:

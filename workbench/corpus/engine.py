@@ -109,10 +109,9 @@ def analyse_batch(
     """Run one batch and analyse every (prompt, seed) run in it: its rows, and each prompt's final
     normalised state per seed (for the seeds analysis). ``tick(tokens)`` after each run."""
     h = model.config.n_embd
-    init = [
-        initial_states(model, [(seed, settings.init_scale)], (len(item.ids), h))[0]
-        for item, seed in runs
-    ]
+    starts = [initial_states(model, [(seed, settings.init_scale)], (len(item.ids), h))
+              for item, seed in runs]  # fmt: skip
+    init = None if starts[0] is None else [s[0] for s in starts]
     prompts = [torch.tensor(item.ids) for item, _ in runs]
     raw = run_states(model, prompts, init, settings.num_steps, cache_device=None)
     frames: list[pd.DataFrame] = []
