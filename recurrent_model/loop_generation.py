@@ -90,11 +90,12 @@ def _last_position(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk run through every loop with the cache; at its last position, the logits (B, V)
     of the chosen loop and that loop (1-based, (B,))."""
-    names = [hook_names.STATE, EXIT_GATE]
-    out, recorded = model.run_with_cache(chunk, num_steps=steps, names_filter=names,
-                                         cache=cache, start=start)  # fmt: skip
     if criterion is None:
+        out = model(chunk, num_steps=steps, cache=cache, start=start)
         return out.logits[:, -1], torch.full_like(chunk[:, 0], steps)
+    names = [hook_names.STATE, EXIT_GATE]
+    _, recorded = model.run_with_cache(chunk, num_steps=steps, names_filter=names,
+                                       cache=cache, start=start)  # fmt: skip
     states = recorded[hook_names.STATE][:, :, -1:]  # (r + 1, B, 1, h)
     gates = recorded[EXIT_GATE][:, :, -1]  # (r, B)
     every = model.coda(states[1:, :, -1])[0]  # (r, B, V): each loop's logits

@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import recurrent_model as rm
 from recurrent_model import functional as fn
 from recurrent_model import hook_names
+from recurrent_model.hooked import HookedModel
 
 #: A map on states: (T, h) tensor -> (T, h) tensor.
 StateFn = Callable[[torch.Tensor], torch.Tensor]
@@ -180,6 +181,49 @@ class CoreMap(StateMap):
         return lambda x: fn.mlp_sublayer(x, w, self.eps)
 
 
+class LoopMap(StateMap):
+    """One loop of another family's model as a map on one prompt's (T, h) states, through the
+    model's own modules: Ouro's F(s) = norm(layers(s)) (no injection), a retrofitted model's
+    F(s) = core(adapter([s; e])) with pre-norm layers. ``e`` is what the prompt fixes (the prelude's
+    output; Ouro's embedding, which the loop does not read)."""
+
+    def __init__(self, model: HookedModel, e: torch.Tensor) -> None:
+        if e.dim() != 2:
+            raise ValueError(f"e must be (T, h), got shape {tuple(e.shape)}")
+        self.model = model
+        self.e = e.detach()
+        self.rope = model.rope_at(0, e.shape[0])
+        self.shape = (int(e.shape[0]), int(e.shape[1]))
+        self.dtype = e.dtype
+
+    @classmethod
+    def from_model(cls, model: HookedModel, input_ids: torch.Tensor | Sequence[int], row: int = 0):
+        """The loop map of row ``row`` of ``input_ids`` (B, T) or of a flat list of token ids."""
+        ids = as_batch(input_ids)
+        if not 0 <= row < ids.shape[0]:
+            raise IndexError(f"row {row} is out of range for a batch of {ids.shape[0]}")
+        rope = model.rope_at(0, ids.shape[1])
+        with torch.no_grad():
+            e = model.prelude(model.embed(ids[row : row + 1].to(model.device)), rope)[0]
+        return cls(model, e)
+
+    def prefix(self, length: int) -> LoopMap:
+        """The same map over the first ``length`` positions (what position length − 1 sees)."""
+        return LoopMap(self.model, self.e[:length])
+
+    def __call__(self, state: torch.Tensor) -> torch.Tensor:
+        # no_grad: the weights are constants of the map; JVPs are forward-mode and unaffected
+        with differentiable_attention(), torch.no_grad():
+            return self.model.core_step(state[None], self.e[None], self.rope, 1)[0]
+
+    def block(self, position: int, context: torch.Tensor) -> StateFn:
+        self.check_position(position)
+        self.check_state(context, "context")
+        position = position % self.shape[0]
+        head, before = self.prefix(position + 1), context[:position]
+        return lambda x: head(torch.cat([before, x[None]]))[position]
+
+
 def as_batch(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """Token ids as a (B, T) long tensor; a flat sequence is one row."""
     ids = torch.as_tensor(input_ids)
@@ -192,19 +236,23 @@ def as_batch(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
     return ids.long()
 
 
-def model_maps(model: rm.RecurrentLM, input_ids: torch.Tensor | Sequence[int]) -> list[CoreMap]:
-    """One :class:`CoreMap` per row of ``input_ids``."""
+def model_maps(
+    model: HookedModel, input_ids: torch.Tensor | Sequence[int]
+) -> list[CoreMap | LoopMap]:
+    """One map per row of ``input_ids``: a :class:`CoreMap` for Huginn's layout (its functional
+    arithmetic), a :class:`LoopMap` for the other families."""
     ids = as_batch(input_ids)
-    return [CoreMap.from_model(model, ids, row) for row in range(ids.shape[0])]
+    kind = CoreMap if isinstance(model, rm.RecurrentLM) else LoopMap
+    return [kind.from_model(model, ids, row) for row in range(ids.shape[0])]
 
 
 def initial_state(
-    model: rm.RecurrentLM, core: CoreMap, init_scale: float, seed: int
+    model: HookedModel, core: CoreMap | LoopMap, init_scale: float, seed: int
 ) -> torch.Tensor:
-    """s_0 (T, h) as the model draws it for a batch of one with ``Generator().manual_seed(seed)``."""
+    """s_0 (T, h) as the model draws it for a batch of one with ``Generator().manual_seed(seed)``
+    (for Ouro the embedding, whatever the seed)."""
     generator = torch.Generator().manual_seed(int(seed))
-    template = torch.zeros(1, *core.shape, dtype=core.dtype)
-    return model.initial_state(template, init_scale, generator)[0].to(core.e.device)
+    return model.initial_state(core.e[None], init_scale, generator)[0].to(core.e.device)
 
 
 @torch.no_grad()
@@ -248,9 +296,9 @@ def problems(
     the context, else the start is s_0 (``init_scale``, ``seed``) and the context s_num_steps
     (default: the config's mean recurrence). A plain callable needs ``state`` (its start and context).
     """
-    if not isinstance(model, rm.RecurrentLM):
+    if not isinstance(model, HookedModel):
         if not callable(model):
-            raise TypeError(f"expected a RecurrentLM or a callable map, got {type(model).__name__}")
+            raise TypeError(f"expected a model or a callable map, got {type(model).__name__}")
         if state is None:
             raise ValueError("a stand-in map needs `state`, the point to start from")
         state = torch.as_tensor(state)
@@ -285,7 +333,7 @@ def model_rows(state: torch.Tensor, rows: int, map_: StateMap) -> list[torch.Ten
             f"state has shape {tuple(state.shape)}, expected ({rows}, {map_.shape[0]}, {map_.shape[1]})"
         )
     out = [
-        s.to(dtype=map_.dtype, device=map_.e.device if isinstance(map_, CoreMap) else s.device)
+        s.to(dtype=map_.dtype, device=map_.e.device if hasattr(map_, "e") else s.device)
         for s in state
     ]
     for s in out:

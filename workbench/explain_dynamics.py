@@ -29,7 +29,7 @@ import torch
 import recurrent_model as rm
 
 from .collect import collect, token_strings
-from .core_map import CoreMap, as_batch
+from .core_map import CoreMap, LoopMap, as_batch, model_maps
 from .dynamics import classify_dynamics
 from .fixed_point import solve
 from .lyapunov import benettin
@@ -86,7 +86,7 @@ def _note(found: bool, expected: str, mechanism: str, measured: float, predicted
 
 
 def explain_token(
-    core: CoreMap, context: torch.Tensor, position: int, k: int, tol: float, max_iter: int
+    core: CoreMap | LoopMap, context: torch.Tensor, position: int, k: int, tol: float, max_iter: int
 ) -> dict[str, object]:
     """Fixed point and leading eigenvalues of one token's block map, others at ``context``."""
     block = core.block(position, context)
@@ -140,7 +140,7 @@ def explain_dynamics(
     traj = collect(model, ids[0].tolist(), steps, seeds=(seed,), init_scale=init_scale,
                    normalized=False, progress=False)  # fmt: skip
     verdicts = classify_dynamics(traj.normalized_states[0])
-    core = CoreMap.from_model(model, ids)
+    core = model_maps(model, ids)[0]
     context = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0, -1])).to(core.dtype)
     labels = token_strings(model, ids[0].tolist())
     start = torch.from_numpy(np.ascontiguousarray(traj.raw_states[0, 0])).to(core.dtype)
@@ -158,7 +158,7 @@ def explain_dynamics(
 
 
 def source_exponent(
-    core: CoreMap, start: torch.Tensor, position: int, num_steps: int, seed: int
+    core: CoreMap | LoopMap, start: torch.Tensor, position: int, num_steps: int, seed: int
 ) -> dict[str, object]:
     """The token block's λ_1 from ``start`` over ``num_steps`` (the last half averaged), its error."""
     run = benettin(core, start, num_steps, 1, position, None, seed)

@@ -20,6 +20,7 @@ from scipy.sparse.linalg import LinearOperator, gmres
 from torch.func import jvp
 
 import recurrent_model as rm
+from recurrent_model.hooked import HookedModel
 
 from .core_map import StateFn, problems
 
@@ -215,7 +216,7 @@ def fixed_point(
     residual_out = torch.stack(residuals)
     if flat:
         state_out, residual_out = state_out[0, 0], residual_out[0, 0]
-    elif not isinstance(model, rm.RecurrentLM):
+    elif not isinstance(model, HookedModel):
         state_out, residual_out = state_out[0], residual_out[0]
     return FixedPointResult(
         state_out, residual_out, passes, bool(converged), plain_total, method, position

@@ -27,9 +27,19 @@ def lens_logits(model: torch.nn.Module, raw: torch.Tensor, kind: str) -> torch.T
         logits, _ = model.coda(raw, model.rope_at(0, raw.shape[1]))
         return logits
     if kind == "logit":
-        ln_f = model.transformer.ln_f
-        return model.lm_head(ln_f(ln_f(raw))).float()
+        return _head_without_coda(model, raw)
     raise ValueError(f"lens must be one of {LENSES}, got {kind!r}")
+
+
+def _head_without_coda(model: torch.nn.Module, raw: torch.Tensor) -> torch.Tensor:
+    """The head on a state with the coda's layers skipped, its norms kept: Huginn's
+    lm_head(ln_f(ln_f(s))) (ln_f before and after the coda), a retrofitted model's lm_head(ln_f(s)),
+    Ouro's lm_head(s) (its state is normed already, and its readout is the head alone)."""
+    norm = model.state_norm()
+    if norm is None:
+        return model.lm_head(raw).float()
+    twice = getattr(model, "family", "") == "Huginn"
+    return model.lm_head(norm(norm(raw)) if twice else norm(raw)).float()
 
 
 def _token_strings(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:

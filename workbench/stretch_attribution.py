@@ -97,7 +97,11 @@ def stretch_attribution(
     ``on_step(step, steps)`` follows the Benettin run (see lyapunov_run).
     """
     if not isinstance(model, rm.RecurrentLM):
-        raise TypeError(f"stretch_attribution needs a RecurrentLM, got {type(model).__name__}")
+        family = getattr(model, "family", type(model).__name__)
+        raise TypeError(
+            "stretch_attribution splits an iteration into Huginn's adapter and sandwich "
+            f"sub-layers; it is not available for the {family} family"
+        )
     rows, _ = problems(model, input_ids, state, 0, init_scale, seed)
     if len(rows) != 1:
         raise ValueError(f"stretch_attribution takes one prompt row, got {len(rows)}")

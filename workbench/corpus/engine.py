@@ -96,7 +96,8 @@ def batch_token_budget(model: rm.RecurrentLM, num_steps: int, cap: int | None) -
     and on the device while the batch runs) within a quarter of the free memory, capped by ``cap``."""
     from recurrent_model.kv_cache import available_memory
 
-    per_token = 3 * model.config.cost.trajectory_bytes(1, num_steps)  # raw, normalised, working
+    # s_0 … s_r of a position in float32, three copies: raw, normalised, working
+    per_token = 3 * (num_steps + 1) * model.config.n_embd * 4
     budget = int(0.25 * available_memory(str(model.device)) // per_token)
     if model.device.type != "cpu":
         budget = min(budget, int(0.25 * available_memory("cpu") // per_token))
