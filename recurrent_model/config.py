@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cost import ModelCost
+    from .cost import CostLayout, ModelCost
 
 
 class ConfigError(ValueError):
@@ -136,6 +136,18 @@ class RecurrentConfig:
         from .cost import ModelCost
 
         return ModelCost(self)
+
+    def cost_layout(self) -> CostLayout:
+        """Huginn's layout for the cost arithmetic: sandwich blocks (fused qkv, four norms and the
+        qk bias: 6h other parameters), the adapter (h × 2h), the head tied to the embedding."""
+        from .cost import CostLayout
+
+        h, inter = self.n_embd, self.intermediate_size
+        block = {"wqkv": (3 * h, h), "attn_proj": (h, h), "mlp_fc": (2 * inter, h),
+                 "mlp_proj": (h, inter)}  # fmt: skip
+        outer = self.n_layers_in_prelude + self.n_layers_in_coda
+        return CostLayout(h, self.vocab_size, block, 6 * h, outer,
+                          self.n_layers_in_recurrent_block, (h, 2 * h), True, h, 2 * h)  # fmt: skip
 
     def shape_summary(self) -> str:
         return (

@@ -1,13 +1,15 @@
 """The model's cost from its shape: parameters, FLOPs per token and bytes per decoded token.
 
 One place for the arithmetic the training plan, the trainer's MFU, the app's estimates and the
-benches share. Reach it from a config as ``config.cost`` (a :class:`ModelCost`).
+benches share. Reach it from a config as ``config.cost`` (a :class:`ModelCost`); each family's config
+describes its layout for it (``config.cost_layout()``, a :class:`CostLayout`).
 
 Counting conventions:
 
 - a matmul with a weight of ``n`` entries costs 2 n FLOPs per token (multiply and add);
-- a forward runs the prelude and coda once, the adapter (2h → h) and the core block ``r`` times, and
-  the tied head (h → V) at every position that needs logits (``head_tokens``);
+- a forward runs the outer blocks (prelude and coda) once, the adapter (2h → h, where the family has
+  one) and the core block ``r`` times, and the head (h → V) at every position that needs logits
+  (``head_tokens``);
 - attention is causal: a query at position i attends to the ``context`` cached keys and the keys
   0 … i of its own chunk; QKᵀ and AV each cost 2 h FLOPs per (query, key) pair, so a layer over T
   new tokens costs 4 h (T·context + T (T + 1) / 2), an average attended length of (T + 1) / 2;
@@ -25,6 +27,29 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .config import RecurrentConfig
+
+Shape = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class CostLayout:
+    """A family's layout as the cost arithmetic reads it: one block's projections (out, in) and
+    other parameters (norms, biases), how many blocks run once per forward (``outer_layers``) and
+    how many per step (``core_layers``), the per-step injection (``adapter``, None without one),
+    whether the head is the embedding, the remaining parameters (final norms, an exit gate) and the
+    numbers a layer call caches per position (keys and values: 2 · kv heads · head size)."""
+
+    width: int
+    vocab: int
+    block: dict[str, Shape]
+    block_other: int
+    outer_layers: int
+    core_layers: int
+    adapter: Shape | None
+    tied_head: bool
+    other: int
+    kv_width: int
+
 
 #: Bytes per element of the dtypes a model runs in, by name.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -44,62 +69,68 @@ class ModelCost:
 
     config: RecurrentConfig
 
-    # Shapes and parameters ---------------------------------------------------------------------
-    def block_shapes(self) -> dict[str, tuple[int, int]]:
-        """(out, in) of each projection of one sandwich block, by the name used in the layers."""
-        h, inter = self.config.n_embd, self.config.intermediate_size
-        return {"wqkv": (3 * h, h), "attn_proj": (h, h), "mlp_fc": (2 * inter, h),
-                "mlp_proj": (h, inter)}  # fmt: skip
+    @property
+    def layout(self) -> CostLayout:
+        return self.config.cost_layout()
 
-    def weight_shapes(self) -> dict[str, tuple[int, int]]:
-        """Every distinct (out, in) projection a token multiplies: the block's, adapter, head (the
-        shapes the compiled decode times, ``compiled.CompileState.matvec_shapes``)."""
-        h = self.config.n_embd
-        return {**self.block_shapes(), "adapter": (h, 2 * h), "head": (self.config.vocab_size, h)}
+    # Shapes and parameters ---------------------------------------------------------------------
+    def block_shapes(self) -> dict[str, Shape]:
+        """(out, in) of each projection of one block, by the name used in the layers."""
+        return dict(self.layout.block)
+
+    def weight_shapes(self) -> dict[str, Shape]:
+        """Every distinct (out, in) projection a token multiplies: the block's, the adapter (where
+        there is one), the head (the shapes the compiled decode times,
+        ``compiled.CompileState.matvec_shapes``)."""
+        layout = self.layout
+        adapter = {"adapter": layout.adapter} if layout.adapter else {}
+        return {**layout.block, **adapter, "head": (layout.vocab, layout.width)}
 
     @property
     def block_matmul_params(self) -> int:
-        """Weights one sandwich block multiplies by: 4 h² + 3 h I."""
-        return sum(o * i for o, i in self.block_shapes().values())
+        """Weights one block multiplies by (Huginn's sandwich block: 4 h² + 3 h I)."""
+        return sum(o * i for o, i in self.layout.block.values())
 
     @property
     def block_params(self) -> int:
-        """All parameters of one sandwich block: its projections, q/k bias (2h), four norms (4h)."""
-        return self.block_matmul_params + 6 * self.config.n_embd
+        """All parameters of one block: its projections and the rest (norms, biases)."""
+        return self.block_matmul_params + self.layout.block_other
 
     @property
     def adapter_params(self) -> int:
-        return 2 * self.config.n_embd**2
+        adapter = self.layout.adapter
+        return adapter[0] * adapter[1] if adapter else 0
 
     @property
     def head_params(self) -> int:
-        """The head's weights, tied to the embedding (counted once in ``parameters``)."""
-        return self.config.vocab_size * self.config.n_embd
+        """The head's weights (counted once in ``parameters`` when tied to the embedding)."""
+        return self.layout.vocab * self.layout.width
 
     @property
     def outer_layers(self) -> int:
-        """Prelude and coda blocks: run once per forward."""
-        return self.config.n_layers_in_prelude + self.config.n_layers_in_coda
+        """Blocks run once per forward (prelude and coda)."""
+        return self.layout.outer_layers
 
     @property
     def parameters(self) -> int:
-        """Every parameter, the tied embedding once (equals ``RecurrentLM.num_parameters()``)."""
-        c = self.config
-        blocks = self.outer_layers + c.n_layers_in_recurrent_block
-        return blocks * self.block_params + self.adapter_params + self.head_params + c.n_embd
+        """Every parameter, a tied embedding once (equals the model's ``num_parameters()``)."""
+        layout = self.layout
+        blocks = (layout.outer_layers + layout.core_layers) * self.block_params
+        embedding = self.head_params * (1 if layout.tied_head else 2)
+        return blocks + self.adapter_params + embedding + layout.other
 
     @property
     def core_parameters(self) -> int:
         """Parameters iterated per core step: the core blocks and the adapter."""
-        return self.config.n_layers_in_recurrent_block * self.block_params + self.adapter_params
+        return self.layout.core_layers * self.block_params + self.adapter_params
 
     def layer_calls(self, r: int) -> int:
-        """Sandwich-block calls of one forward at ``r`` iterations: l_P + l_C + r·l_R."""
-        return self.outer_layers + r * self.config.n_layers_in_recurrent_block
+        """Block calls of one forward at ``r`` iterations: l_P + l_C + r·l_R."""
+        return self.outer_layers + r * self.layout.core_layers
 
     def unrolled_parameters(self, r: int) -> int:
         """Weights a token multiplies by at depth ``r`` (the core and adapter ``r`` times)."""
-        iterated = self.config.n_layers_in_recurrent_block * self.block_matmul_params
+        iterated = self.layout.core_layers * self.block_matmul_params
         once = self.outer_layers * self.block_matmul_params + self.head_params
         return once + r * (iterated + self.adapter_params)
 
@@ -148,7 +179,7 @@ class ModelCost:
     def decode_cache_bytes(self, context: int, r: int, dtype: object) -> float:
         """Key/value bytes one decoded token reads (its ``context`` earlier positions) and writes
         (its own), every layer call."""
-        per_position = 2 * self.config.n_embd * dtype_bytes(dtype)
+        per_position = self.layout.kv_width * dtype_bytes(dtype)
         return float(per_position * (context + 1) * self.layer_calls(r))
 
     def decode_bytes_per_token(self, context: int, r: int, dtype: object) -> float:

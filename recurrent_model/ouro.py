@@ -29,6 +29,7 @@ from torch import nn
 from . import hook_names
 from . import llama_layers as ll
 from .config import ConfigError, ContextLengthError
+from .cost import CostLayout, ModelCost
 from .hooked import HookedModel
 from .hooks import HookPoint
 from .model import ModelOutput
@@ -155,6 +156,21 @@ class OuroConfig:
     def n_layers_in_recurrent_block(self) -> int:
         """Every layer is looped."""
         return self.num_hidden_layers
+
+    @property
+    def cost(self) -> ModelCost:
+        """Parameters, FLOPs per token and decode bytes of this shape (recurrent_model/cost.py)."""
+        return ModelCost(self)
+
+    def cost_layout(self) -> CostLayout:
+        """Every layer is a core layer (no prelude, coda or adapter): q, k, v, o and the SwiGLU
+        projections, four norms per layer; the final norm and the exit gate (h + 1) besides."""
+        h, inter, kv = self.hidden_size, self.intermediate_size, int(self.num_key_value_heads)  # type: ignore[arg-type]
+        kv_dim = kv * self.head_dim
+        block = {"q_proj": (h, h), "k_proj": (kv_dim, h), "v_proj": (kv_dim, h), "o_proj": (h, h),
+                 "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}  # fmt: skip
+        return CostLayout(h, self.vocab_size, block, 4 * h, 0, self.num_hidden_layers, None,
+                          self.tie_word_embeddings, 2 * h + 1, 2 * kv_dim)  # fmt: skip
 
     def shape_summary(self) -> str:
         return (f"{self.num_hidden_layers} layers looped, h={self.hidden_size} "

@@ -44,6 +44,7 @@ from .checkpoint import (
     weight_files,
 )
 from .config import ConfigError, ContextLengthError
+from .cost import CostLayout, ModelCost
 from .hooked import HookedModel
 from .hooks import HookPoint
 from .llama_layers import RMSNorm, SlotCache, attention, rope_table, split_heads, swiglu
@@ -132,6 +133,25 @@ class RetrofitConfig:
     @property
     def n_layers(self) -> int:
         return self.n_layers_in_prelude + self.n_layers_in_recurrent_block + self.n_layers_in_coda
+
+    @property
+    def cost(self) -> ModelCost:
+        """Parameters, FLOPs per token and decode bytes of this shape (recurrent_model/cost.py)."""
+        return ModelCost(self)
+
+    def cost_layout(self) -> CostLayout:
+        """Huginn's arrangement (outer blocks once, core blocks and the adapter per step) with
+        pre-norm Llama blocks: fused q/k/v with grouped keys and values, two norms per block."""
+        h, inter, kv_dim = (
+            self.n_embd,
+            self.intermediate_size,
+            self.num_key_value_heads * self.head_dim,
+        )
+        block = {"wqkv": (h + 2 * kv_dim, h), "attn_proj": (h, h), "mlp_fc": (2 * inter, h),
+                 "mlp_proj": (h, inter)}  # fmt: skip
+        outer = self.n_layers_in_prelude + self.n_layers_in_coda
+        return CostLayout(h, self.vocab_size, block, 2 * h, outer, self.n_layers_in_recurrent_block,
+                          (h, 2 * h), self.tie_embeddings, h, 2 * kv_dim)  # fmt: skip
 
     def shape_summary(self) -> str:
         return (

@@ -39,6 +39,15 @@ def test_the_forward_gives_logits_states_and_the_exit(family_model):
         assert out.exit_pdf is None
 
 
+def test_the_cost_model_counts_every_parameter_and_projection(family_model):
+    cost = family_model.config.cost
+    assert cost.parameters == family_model.num_parameters()
+    linears = {tuple(m.weight.shape) for m in family_model.modules()
+               if isinstance(m, torch.nn.Linear) and m.weight.shape[0] > 1}  # fmt: skip
+    assert linears == set(cost.weight_shapes().values())
+    assert cost.forward_flops(8, 4) > cost.forward_flops(8, 2) > 0
+
+
 def test_the_step_map_is_the_models_own_iteration(family_model):
     ids = torch.tensor([IDS])
     s0 = family_model.initial_state(torch.zeros(1, len(IDS), family_model.config.n_embd),
