@@ -346,7 +346,8 @@ def lens(
     if _progress is not None:
         _progress.start()
         # the last state is decoded first (the final prediction), then every state s_0 … s_r
-        head = [_model.transformer.coda[-1], _model.lm_head]
+        coda = getattr(getattr(_model, "transformer", None), "coda", None)
+        head = [*(coda[-1:] if coda else ()), _model.lm_head]
         watch.enter_context(_progress.counting_rows(head, raw.shape[0] + 1))
         watch.enter_context(_progress.ticking())
     chunk = lens_chunk_bytes(_model.config, raw.shape[1], kind)

@@ -108,7 +108,7 @@ class TokenStability:
     exponents: pd.DataFrame
     running: np.ndarray
     warmup: int
-    attribution: pd.DataFrame
+    attribution: pd.DataFrame | None  # None: the family's loop has no sub-layer split (not Huginn)
     distances: np.ndarray
     converged: bool
     residual: float
@@ -173,10 +173,12 @@ def token_stability(
             _model, ids, steps, position=position, k=k, state=raw[0],
             on_step=moved.steps("Lyapunov exponents"),
         )  # fmt: skip
-        attribution = stretch_attribution(
-            _model, ids, position=position, num_steps=steps, state=raw[0],
-            on_step=moved.steps("attribution"),
-        )  # fmt: skip
+        attribution = None  # Huginn's sub-layers only (stretch_attribution says why)
+        if getattr(_model, "family", "Huginn") == "Huginn":
+            attribution = stretch_attribution(
+                _model, ids, position=position, num_steps=steps, state=raw[0],
+                on_step=moved.steps("attribution"),
+            )  # fmt: skip
     point = torch.from_numpy(spectrum.attrs["state"]).to(raw.dtype)
     distances = ((raw[:, position] - point).norm(dim=-1) / point.norm()).double().numpy()
     exponents = spectrum_frame(lyap)

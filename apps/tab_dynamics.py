@@ -89,8 +89,8 @@ def render(ctx: Context) -> None:
     for col, kind in zip(st.columns(len(SHOWN_KINDS)), SHOWN_KINDS):
         col.metric(kind.replace("_", " "), int(counts.get(kind, 0)))
     st.caption(
-        f"{KIND_MEANINGS} Classified at {ctx.traj.num_steps} steps from seed {ctx.traj.seeds[0]}'s "
-        f"s_0 (init scale {ctx.run.init_scale:g}); the Training tab counts the same labels."
+        f"{KIND_MEANINGS} Classified at {ctx.traj.num_steps} steps from {ctx.start}; the Training "
+        "tab counts the same labels."
     )
     more_steps_hint(frame["kind"], ctx.traj.num_steps)
     st.dataframe(

@@ -51,7 +51,13 @@ def render(ctx: Context) -> None:
         chart(stability_figures.fixed_point_distance(result.distances), "stab_distance")
     with right:
         chart(stability_figures.lyapunov_bars(result.exponents), "stab_lyapunov")
-        chart(stability_figures.attribution_bars(result.attribution), "stab_attribution")
+        if result.attribution is None:
+            st.info(
+                "The stretch attribution splits an iteration into Huginn's adapter and sandwich "
+                f"sub-layers; the {ctx.model.family} family's loop has no such split."
+            )
+        else:
+            chart(stability_figures.attribution_bars(result.attribution), "stab_attribution")
     table_download(result.spectrum, "eigenvalues")
 
 

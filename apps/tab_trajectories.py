@@ -31,7 +31,7 @@ def render(ctx: Context) -> None:
     seeds = ctx.traj.seeds
     run = f"seed {seeds[0]}"
     st.caption(
-        f"Seed {seeds[0]}: the paths start from its random s_0 (init scale {ctx.run.init_scale:g}); "
+        f"The paths start from {ctx.start}; "
         + ("the other seeds are compared in Path independence." if len(seeds) > 1 else "")
         + " The PCA is fitted on all its states."
     )

@@ -74,11 +74,17 @@ def run_widgets(model, model_key: str, tokens: int) -> dict:
         st.session_state["steps"] = steps
         st.session_state["seeds"] = ", ".join(map(str, range(n_seeds)))
         st.session_state["run_defaults_for"] = model_key
+    random_start = getattr(model, "random_initial_state", True)
+    if not random_start:
+        st.session_state["seeds"] = "0"
     with st.sidebar:
         st.header("Run")
         steps = st.number_input("Steps", value=None, step=1, key="steps")
-        seeds = st.text_input("Seeds", "", key="seeds")
-        scale = st.number_input("Init scale", value=1.0, step=0.1, key="init_scale")
+        seeds = st.text_input("Seeds", "", key="seeds", disabled=not random_start)
+        scale = st.number_input("Init scale", value=1.0, step=0.1, key="init_scale",
+                                disabled=not random_start)  # fmt: skip
+        if not random_start:
+            st.caption(f"{model.family} starts every run from the embedding: one run, no seeds.")
     return dict(steps=steps, seeds=seeds, scale=scale)
 
 
@@ -126,7 +132,8 @@ def model_banner(model, path: Path) -> None:
         )
     else:
         st.caption(
-            f"Model **{model.name}** from `{path}` · {cfg.shape_summary()} · "
+            f"Model **{model.name}** ({getattr(model, 'family', 'Huginn')} family) from `{path}` · "
+            f"{cfg.shape_summary()} · "
             f"{model.num_parameters() / 1e6:.1f} M parameters · {model.device} · {model.dtype}"
         )
 
@@ -175,15 +182,19 @@ def main() -> None:
         traj = collect_with_progress(model, model_key, run, guess)
         # collected: a later, calibrated estimate of the same run must not ask again
         st.session_state.setdefault("approved_actions", set()).add(("collect_go", (model_key, run)))
-    st.caption(
-        f"{traj.n_tokens} tokens · {traj.num_steps} steps · seeds {', '.join(map(str, traj.seeds))}"
-        f" · init scale {run.init_scale:g}"
-    )
+    runs = f"seeds {', '.join(map(str, traj.seeds))} · init scale {run.init_scale:g}"
+    if not getattr(model, "random_initial_state", True):
+        runs = "one run from the embedding"
+    st.caption(f"{traj.n_tokens} tokens · {traj.num_steps} steps · {runs}")
     ctx = Context(model=model, model_key=model_key, traj=traj, run=run)
     for record, tab in zip(views.TABS, st.tabs(views.titles(), key="view", on_change="rerun")):
         if tab.open:
             with tab, shown_as_message():
-                record.render(ctx)
+                reason = record.unavailable(model)
+                if reason:
+                    st.info(reason)
+                else:
+                    record.render(ctx)
 
 
 main()

@@ -24,6 +24,14 @@ from .inputs import RunSettings
 PC_PAIRS = {"PC1 / PC2": (0, 1), "PC3 / PC4": (2, 3), "PC5 / PC6": (4, 5)}
 
 
+def describe_start(model, seed: int, init_scale: float) -> str:
+    """s_0 in words: "seed 0's random s_0 (init scale 1)", or the embedding for a family that starts
+    every run there (Ouro)."""
+    if not getattr(model, "random_initial_state", True):
+        return "the embedding (s_0 is not random in this family)"
+    return f"seed {seed}'s random s_0 (init scale {init_scale:g})"
+
+
 @dataclass
 class Context:
     """What every tab needs: the model, the collected trajectory and the keys that name them."""
@@ -36,6 +44,11 @@ class Context:
     @property
     def key(self) -> tuple:
         return (self.model_key, self.run)
+
+    @property
+    def start(self) -> str:
+        """Where the shown run starts: seed 0's random s_0, or the family's own start."""
+        return describe_start(self.model, self.traj.seeds[0], self.run.init_scale)
 
     @cached_property
     def tokens(self) -> list[str]:

@@ -158,6 +158,16 @@ class OuroConfig:
         return self.num_hidden_layers
 
     @property
+    def n_layers_in_prelude(self) -> int:
+        """No layer runs before the loop."""
+        return 0
+
+    @property
+    def n_layers_in_coda(self) -> int:
+        """No layer runs after the loop: the head reads the last loop's state."""
+        return 0
+
+    @property
     def cost(self) -> ModelCost:
         """Parameters, FLOPs per token and decode bytes of this shape (recurrent_model/cost.py)."""
         return ModelCost(self)
@@ -407,10 +417,12 @@ class OuroLM(HookedModel):
         return generate_every_loop(self, input_ids, max_new_tokens, num_steps, **options)
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json and model.safetensors in the published layout, atomically."""
+        """Write config.json, model.safetensors in the published layout and tokenizer.json (when the
+        model has a tokenizer), atomically."""
         from safetensors.torch import save_file
 
         from .atomic_io import atomic_directory
+        from .saving import TOKENIZER_FILE
 
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         if self.config.tie_word_embeddings:
@@ -419,6 +431,8 @@ class OuroLM(HookedModel):
         with atomic_directory(path) as staging:
             (Path(staging) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             save_file(tensors, str(Path(staging) / "model.safetensors"), metadata={"format": "pt"})
+            if self.tokenizer is not None:
+                self.tokenizer.save(Path(staging) / TOKENIZER_FILE)
 
 
 def exit_pdf(gates: torch.Tensor) -> torch.Tensor:

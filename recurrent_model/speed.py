@@ -96,10 +96,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The first core block's projection weights: the products that dominate a forward."""
-    block = model.transformer.core_block[0]
-    return [block.attn.Wqkv.weight, block.attn.proj.weight, block.mlp.fc.weight,
-            block.mlp.proj.weight]  # fmt: skip
+    """One weight of each projection shape of a block (the family's cost layout), in the model's
+    order: the products that dominate a forward."""
+    wanted = set(model.config.cost.block_shapes().values())
+    found: dict[tuple[int, int], torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and tuple(module.weight.shape) in wanted:
+            found.setdefault(tuple(module.weight.shape), module.weight)
+    return list(found.values())
 
 
 def random_weights(config: RecurrentConfig, dtype: torch.dtype, device: str) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 import recurrent_model as rm
 from recurrent_model.atomic_io import atomic_write_text
 
-from ..collect import initial_states, run_states, token_strings
+from ..collect import check_runs_differ, initial_states, run_states, token_strings
 from . import store
 from .analyses import (
     Settings,
@@ -186,6 +186,7 @@ def run(
     from cluster.context import DistContext
 
     ctx = ctx or DistContext()
+    check_runs_differ(model, [(seed, job.settings.init_scale) for seed in job.settings.seeds])
     out = Path(out)
     prompts = read_prompts(job.data, job.column, job.split, job.per_source)
     tokenized, dropped = tokenize(prompts, model.tokenizer, model.config.block_size, job.max_tokens)
