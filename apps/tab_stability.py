@@ -33,9 +33,10 @@ def render(ctx: Context) -> None:
     )
     steps = ctx.traj.num_steps
     guess = stability_compute.estimate(ctx.model, position + 1, steps, k)
+    parts = "fixed point, Arnoldi, Lyapunov exponents"
+    parts += " and attribution" if getattr(ctx.model, "family", "Huginn") == "Huginn" else ""
     st.write(
-        f"One token over {steps} iterations with k = {k}: at most {guess.describe()} "
-        "(fixed point, Arnoldi, Lyapunov exponents and attribution)."
+        f"One token over {steps} iterations with k = {k}: at most {guess.describe()} ({parts})."
     )
     if not st.toggle("Compute the stability of this token", key="stab_go"):
         return

@@ -31,8 +31,8 @@ def render(ctx: Context) -> None:
     seeds = ctx.traj.seeds
     run = f"seed {seeds[0]}"
     st.caption(
-        f"The paths start from {ctx.start}; "
-        + ("the other seeds are compared in Path independence." if len(seeds) > 1 else "")
+        f"The paths start from {ctx.start}."
+        + (" The other seeds are compared in Path independence." if len(seeds) > 1 else "")
         + " The PCA is fitted on all its states."
     )
     positions = ctx.tokens_picker("Tokens", "traj_tokens", default_tokens(ctx.tokens))
