@@ -211,8 +211,7 @@ def load_family(
         model = RecurrentLM(config, init_weights=False)
     headers, tensors = _stored_tensors(directory, model)
     check_against_model(directory, model, headers)
-    target = resolve_dtype(dtype) if dtype not in (None, "auto") else stored_dtype(raw, headers)
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device, target = placement(raw, headers, device, dtype)
     assign_weights(model, directory, tensors(), device, target)
     model.tokenizer = tokenizer
     return model.eval()
@@ -295,6 +294,20 @@ def checked_tokenizer(
             f"{config.vocab_size:,} (config.json): it is not this model's tokenizer"
         )
     return tokenizer
+
+
+def placement(
+    raw_config: dict,
+    headers: dict[str, TensorHeader],
+    device: torch.device | str | None,
+    dtype: torch.dtype | str | None,
+) -> tuple[torch.device, torch.dtype]:
+    """Where and in which dtype a checkpoint's tensors are loaded: ``device`` (default the CPU),
+    ``dtype`` (None or "auto": the dtype the checkpoint stores, :func:`stored_dtype`)."""
+    target = (
+        resolve_dtype(dtype) if dtype not in (None, "auto") else stored_dtype(raw_config, headers)
+    )
+    return (torch.device(device) if device is not None else torch.device("cpu")), target
 
 
 def stored_dtype(raw_config: dict, headers: dict[str, TensorHeader]) -> torch.dtype:

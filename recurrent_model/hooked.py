@@ -1,4 +1,5 @@
-"""The hook interface every looped-LM family shares: named hook points, ``hooks``, ``run_with_cache``.
+"""The interface every looped-LM family shares: named hook points, ``hooks``, ``run_with_cache``,
+the model's name, device and dtype.
 
 A family's model subclasses :class:`HookedModel`, creates its :class:`~recurrent_model.hooks.HookPoint`
 objects in forward order and registers them with :meth:`HookedModel.set_hook_points`; its
@@ -29,9 +30,28 @@ from .hooks import (
 
 
 class HookedModel(nn.Module):
-    """Hook points by name, attachable for a ``with`` block, and a forward that records them."""
+    """What every family's model shares: hook points by name, attachable for a ``with`` block, a
+    forward that records them, and its name, device and dtype (those of its first parameter, the
+    token embedding in every family)."""
 
     _hook_points: dict[str, HookPoint]
+    config: Any
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def num_parameters(self) -> int:
+        """Parameter count, a tied head once."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
     def set_hook_points(self, points: Sequence[HookPoint]) -> None:
         """Register the model's hook points, in the order they fire within one forward pass."""

@@ -160,18 +160,6 @@ class RecurrentLM(HookedModel):
             block.compile(**compile_kwargs)
         return self
 
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def device(self) -> torch.device:
-        return self.transformer.wte.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.transformer.wte.weight.dtype
-
     # Pieces of the forward pass (also used by the KV-cached generation) ---------------------------
     def rope_at(self, start: int, length: int) -> torch.Tensor:
         """RoPE cos/sin for positions start … start + length − 1."""

@@ -279,23 +279,8 @@ class OuroLM(HookedModel):
         self.set_hook_points([self.hook_embed, self.hook_state, *layer_points,
                               self.hook_exit_gate, self.hook_logits])  # fmt: skip
 
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
-
     def default_steps(self) -> int:
         return self.config.total_ut_steps
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
     # The loop, piece by piece ------------------------------------------------------------------
     def rope_at(self, start: int, length: int) -> torch.Tensor:
@@ -488,10 +473,7 @@ def load_family(
     if problems:
         raise ck.CheckpointError(f"{directory} does not match its config "
                                  f"({config.shape_summary()}):\n  " + "\n  ".join(problems))  # fmt: skip
-    target = (
-        ck.resolve_dtype(dtype) if dtype not in (None, "auto") else ck.stored_dtype(raw, headers)
-    )
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device, target = ck.placement(raw, headers, device, dtype)
     with torch.no_grad():
         for key, stored in ck.file_tensors(directory, files):
             ck.set_parameter(model, key, stored.to(device=device, dtype=target))

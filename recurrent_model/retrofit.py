@@ -37,10 +37,9 @@ from .checkpoint import (
     check_tensors,
     checked_tokenizer,
     file_tensors,
+    placement,
     read_headers,
-    resolve_dtype,
     set_parameter,
-    stored_dtype,
     weight_files,
 )
 from .config import ConfigError, ContextLengthError
@@ -400,18 +399,6 @@ class RetrofitLM(HookedModel):
         hook_names.check_created([p.name for p in points], *counts)
         return points
 
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def device(self) -> torch.device:
-        return self.transformer.wte.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.transformer.wte.weight.dtype
-
     def default_steps(self) -> int:
         """The config's mean recurrence: the depth of a forward with ``num_steps=None``."""
         return self.config.mean_recurrence
@@ -584,10 +571,6 @@ class RetrofitLM(HookedModel):
             if self.tokenizer is not None:
                 self.tokenizer.save(tmp / TOKENIZER_FILE)
 
-    def num_parameters(self) -> int:
-        """Parameter count (a tied head once)."""
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
-
 
 def _slot(cache: SlotCache | None, slot: int) -> tuple[SlotCache, int] | None:
     return None if cache is None else (cache, slot)
@@ -691,8 +674,7 @@ def load_family(
     files = weight_files(directory)
     headers = read_headers(directory, files)
     check_against_model(directory, model, headers)
-    target = resolve_dtype(dtype) if dtype not in (None, "auto") else stored_dtype(raw, headers)
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device, target = placement(raw, headers, device, dtype)
     assign_weights(model, directory, file_tensors(directory, files), device, target)
     model.tokenizer = tokenizer
     return model.eval()

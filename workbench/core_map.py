@@ -122,12 +122,7 @@ class CoreMap(StateMap):
         cls, model: rm.RecurrentLM, input_ids: torch.Tensor | Sequence[int], row: int = 0
     ) -> CoreMap:
         """The core map of row ``row`` of ``input_ids`` (B, T) or of a flat list of token ids."""
-        ids = as_batch(input_ids)
-        if not 0 <= row < ids.shape[0]:
-            raise IndexError(f"row {row} is out of range for a batch of {ids.shape[0]}")
-        rope = model.rope_at(0, ids.shape[1])
-        with torch.no_grad():
-            e = model.prelude(model.embed(ids[row : row + 1].to(model.device)), rope)[0]
+        e, rope = prompt_injection(model, input_ids, row)
         t = model.transformer
         blocks = [b.weights() for b in t.core_block]
         return cls(e, t.adapter.weight, blocks, rope, model.config.norm_eps)
@@ -199,13 +194,7 @@ class LoopMap(StateMap):
     @classmethod
     def from_model(cls, model: HookedModel, input_ids: torch.Tensor | Sequence[int], row: int = 0):
         """The loop map of row ``row`` of ``input_ids`` (B, T) or of a flat list of token ids."""
-        ids = as_batch(input_ids)
-        if not 0 <= row < ids.shape[0]:
-            raise IndexError(f"row {row} is out of range for a batch of {ids.shape[0]}")
-        rope = model.rope_at(0, ids.shape[1])
-        with torch.no_grad():
-            e = model.prelude(model.embed(ids[row : row + 1].to(model.device)), rope)[0]
-        return cls(model, e)
+        return cls(model, prompt_injection(model, input_ids, row)[0])
 
     def prefix(self, length: int) -> LoopMap:
         """The same map over the first ``length`` positions (what position length − 1 sees)."""
@@ -222,6 +211,19 @@ class LoopMap(StateMap):
         position = position % self.shape[0]
         head, before = self.prefix(position + 1), context[:position]
         return lambda x: head(torch.cat([before, x[None]]))[position]
+
+
+def prompt_injection(
+    model: HookedModel, input_ids: torch.Tensor | Sequence[int], row: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e (T, h), RoPE rows) of row ``row`` of ``input_ids``: what the prompt fixes for its map."""
+    ids = as_batch(input_ids)
+    if not 0 <= row < ids.shape[0]:
+        raise IndexError(f"row {row} is out of range for a batch of {ids.shape[0]}")
+    rope = model.rope_at(0, ids.shape[1])
+    with torch.no_grad():
+        e = model.prelude(model.embed(ids[row : row + 1].to(model.device)), rope)[0]
+    return e, rope
 
 
 def as_batch(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
