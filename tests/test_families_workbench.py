@@ -11,7 +11,7 @@ import torch
 
 import workbench as wb
 from recurrent_model import hook_names
-from workbench import corpus
+from workbench import corpus, figures
 from workbench.core_map import model_maps
 from workbench.corpus.analyses import Settings
 from workbench.corpus.engine import Job
@@ -140,3 +140,17 @@ class _IdsTokenizer:
 
     def token_strings(self, ids: list[int]) -> list[str]:
         return [str(i) for i in ids]
+
+
+def test_exit_against_convergence_per_token(family_model):
+    frame = wb.exit_and_convergence(family_model, IDS, STEPS, threshold=0.5)
+    assert len(frame) == len(IDS) and set(frame["label"]) <= {
+        "fixed_point", "converging", "orbit", "slider", "other"}  # fmt: skip
+    figure = figures.exit_convergence_figure(frame)
+    if family_model.family == "Ouro":
+        assert frame.attrs["learned_exit"] and frame["exit_step"].between(1, STEPS).all()
+        assert frame["expected_exit"].between(1, STEPS).all()
+        assert any("exit rule" in t.name for t in figure.data)
+    else:
+        assert frame["exit_step"].isna().all() and not frame.attrs["learned_exit"]
+        assert figure.layout.annotations[0].text == "no learned exit in this family"

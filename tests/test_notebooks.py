@@ -24,6 +24,7 @@ NAMES = [
     "training_dynamics.ipynb",
     "stability.ipynb",
     "corpus.ipynb",
+    "families.ipynb",
 ]
 # Where each notebook's kernel starts: JupyterLab starts it in notebooks/ (`make notebooks`), a
 # kernel started elsewhere in the repository root. The slower notebooks run from one place only.
@@ -85,6 +86,13 @@ assert steps.loc["arithmetic", "median"] == 10 and steps.loc["code", "median"] =
 levels = tables["steps_by_difficulty"]["median"]
 assert levels["arithmetic:1"] == 6 and levels.drop("arithmetic:1").between(10, 13).all()
 assert (tables["steps_by_difficulty"]["tokens"] == 48).all(), "one prompt per level"
+""",
+    "families.ipynb": """
+assert set(frames) == {"Huginn", "Ouro", "Retrofitted"}
+assert frames["Ouro"].attrs["learned_exit"] and frames["Ouro"]["exit_step"].between(1, STEPS).all()
+assert not frames["Huginn"].attrs["learned_exit"] and frames["Huginn"]["exit_step"].isna().all()
+if not is_fallback(models["Huginn"]):
+    assert (frames["Huginn"]["kind"] == "fixed_point").all(), "the prose: every token heads for a fixed point"
 """,
 }
 

@@ -9,6 +9,7 @@ from .checkpoint_series import checkpoint_series
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
 from .convergence import convergence, steps_to_converge
 from .dynamics import classify_dynamics
+from .exits import exit_and_convergence
 from .explain_dynamics import explain_dynamics
 from .fixed_point import FixedPointResult, fixed_point
 from .lenses import lens, sublayer_lens
@@ -36,6 +37,7 @@ from .trajectory import Trajectory
 from .wavefront import frontier_frame, wavefront_frame
 
 __all__ = [
+    "exit_and_convergence",
     "AblationResult",
     "FixedPointResult",
     "ProbeResult",

@@ -10,6 +10,7 @@ from .corpus import (
     period_histogram_figure,
 )
 from .curves import step_curves, steps_per_token_bars, token_correlation_curve
+from .exits import exit_convergence_figure
 from .interventions import ablation_control_figure, patching_heatmap, steering_sweep_figure
 from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
@@ -26,6 +27,7 @@ __all__ = [
     "checkpoint_series_figure",
     "convergence_heatmap",
     "convergence_steps_figure",
+    "exit_convergence_figure",
     "kind_share_bars",
     "lambda_quantiles_figure",
     "lens_heatmap",
