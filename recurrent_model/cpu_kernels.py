@@ -42,9 +42,17 @@ def separate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> 
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if not capability or "TORCHINDUCTOR_CACHE_DIR" in environ:
         return None
-    base = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    base = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
     environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"aten-{capability}")
     return environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def _user() -> str:
+    """The user name inductor's default cache directory is named after."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no USER: inductor names it by uid too
+        return f"uid_{os.getuid()}"
 
 
 def configure(environ: MutableMapping[str, str] | None = None) -> None:
