@@ -31,7 +31,7 @@ from .saving import (  # noqa: F401 (the writing half of the format, re-exported
     save_pretrained,
     write_checkpoint_files,
 )
-from .tokenizer import HuginnTokenizer
+from .tokenizer import HuginnTokenizer, PretrainedTokenizer, TokenizerError
 from .training_shards import SHARDS_DIR, read_tensors, saved_shapes, training_shards
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -308,6 +308,31 @@ def placement(
         resolve_dtype(dtype) if dtype not in (None, "auto") else stored_dtype(raw_config, headers)
     )
     return (torch.device(device) if device is not None else torch.device("cpu")), target
+
+
+def family_tokenizer(
+    directory: Path, raw_config: dict, vocab_size: int, required: bool
+) -> HuginnTokenizer | PretrainedTokenizer | None:
+    """The tokenizer of another family's checkpoint (Ouro, retrofitted): Huginn's when the file
+    carries Huginn's special tokens (a model this project made), else the checkpoint's own
+    (:class:`PretrainedTokenizer`); None when there is none and none is ``required``. Refused when it
+    has more ids than the model's vocabulary (ids the embedding does not hold); fewer is the padded
+    embedding many published models have."""
+    path = directory / TOKENIZER_FILE
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{directory} has no {TOKENIZER_FILE} to encode a prompt")
+        return None
+    try:
+        tokenizer: HuginnTokenizer | PretrainedTokenizer = HuginnTokenizer.from_file(path)
+    except TokenizerError:
+        tokenizer = PretrainedTokenizer.from_directory(directory, raw_config)
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            f"{path} has {tokenizer.vocab_size:,} tokens but the model's vocabulary holds "
+            f"{vocab_size:,}: it is not this model's tokenizer"
+        )
+    return tokenizer
 
 
 def stored_dtype(raw_config: dict, headers: dict[str, TensorHeader]) -> torch.dtype:

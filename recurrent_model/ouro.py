@@ -462,7 +462,7 @@ def load_family(
     config = OuroConfig.from_dict(raw)
     if "name" not in raw:
         config.name = label or directory.resolve().name
-    tokenizer = ck.checked_tokenizer(directory, config, required=require_tokenizer)
+    tokenizer = ck.family_tokenizer(directory, raw, config.vocab_size, require_tokenizer)
     with torch.device("meta"):
         model = OuroLM(config)
     files = ck.weight_files(directory)

@@ -35,7 +35,7 @@ from .checkpoint import (
     CheckpointError,
     TensorHeader,
     check_tensors,
-    checked_tokenizer,
+    family_tokenizer,
     file_tensors,
     placement,
     read_headers,
@@ -668,7 +668,7 @@ def load_family(
     config = RetrofitConfig.from_dict(raw)
     if "name" not in raw:
         config.name = label or directory.resolve().name
-    tokenizer = checked_tokenizer(directory, config, required=require_tokenizer)
+    tokenizer = family_tokenizer(directory, raw, config.vocab_size, require_tokenizer)
     with torch.device("meta"):
         model = RetrofitLM(config)
     files = weight_files(directory)

@@ -122,3 +122,136 @@ class HuginnTokenizer:
     ) -> list[int]:
         text = self.apply_chat_template(messages, add_generation_prompt)
         return self.backend.encode(text, add_special_tokens=False).ids
+
+
+class PretrainedTokenizer:
+    """Another family's tokenizer.json (Ouro's, a Llama's) with its own special tokens and chat
+    template: BOS and EOS ids from config.json (``bos_token_id``, ``eos_token_id``, an id or a list)
+    or tokenizer_config.json's token strings, the template from tokenizer_config.json's
+    ``chat_template`` rendered in jinja2's sandbox, as the Hugging Face stack renders it. Whether
+    ``encode`` adds a BOS is the tokenizer.json's own post-processor's choice."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        bos_id: int | None,
+        eos_ids: tuple[int, ...],
+        chat_template: str | None,
+        special_tokens: dict[str, str] | None = None,
+    ) -> None:
+        self.backend = tokenizer
+        self.bos_id = bos_id
+        self.eos_ids = eos_ids
+        self.chat_template = chat_template
+        self.special_tokens = special_tokens or {}
+
+    @classmethod
+    def from_directory(cls, directory: str | os.PathLike, config: dict) -> PretrainedTokenizer:
+        """The tokenizer of a checkpoint directory: tokenizer.json, tokenizer_config.json if present,
+        and the special ids of its parsed config.json ``config``."""
+        directory = Path(directory)
+        try:
+            backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises a generic Exception
+            raise TokenizerError(
+                f"{directory / 'tokenizer.json'} is not a valid tokenizer.json: {exc}"
+            ) from exc
+        settings = _tokenizer_config(directory)
+        specials = {k: _token_text(settings.get(k)) for k in ("bos_token", "eos_token")}
+        specials = {k: v for k, v in specials.items() if v}
+        bos = _ids(config.get("bos_token_id")) or _ids(
+            backend.token_to_id(specials.get("bos_token", ""))
+        )
+        eos = _ids(config.get("eos_token_id")) or _ids(
+            backend.token_to_id(specials.get("eos_token", ""))
+        )
+        template = settings.get("chat_template")
+        return cls(
+            backend,
+            bos[0] if bos else None,
+            eos,
+            template if isinstance(template, str) else None,
+            specials,
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.backend.save(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Generation stops on the end-of-sequence ids."""
+        return self.eos_ids
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_bos).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """The text of each token on its own (for axis labels), specials kept."""
+        return [self.backend.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """The messages through the checkpoint's own chat template (TokenizerError without one)."""
+        if not self.chat_template:
+            raise TokenizerError("this tokenizer has no chat_template (tokenizer_config.json)")
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )  # fmt: skip
+        except TemplateError as exc:
+            raise TokenizerError(f"the chat template failed on these messages: {exc}") from exc
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+
+def _tokenizer_config(directory: Path) -> dict:
+    """tokenizer_config.json as a mapping ({} when absent); TokenizerError when unreadable."""
+    import json
+
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(settings, dict):
+        raise TokenizerError(f"{path} holds a {type(settings).__name__}, not a JSON object")
+    return settings
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _ids(value: object) -> tuple[int, ...]:
+    """An id or a list of ids (config.json's eos_token_id may be either) as a tuple."""
+    if isinstance(value, bool) or value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return tuple(value)
+    return ()

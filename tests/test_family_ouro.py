@@ -207,3 +207,55 @@ def test_the_registry_picks_the_family_from_model_type():
     assert family_of(raw).name == "Ouro"
     default = Path(__file__).resolve().parents[1] / "checkpoints" / "default" / "config.json"
     assert family_of(json.loads(default.read_text())).name == "Huginn"
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _own_tokenizer(directory: Path, size: int = 128, template: object = CHATML) -> None:
+    """A tokenizer of Ouro's kind (no Huginn specials) with a ChatML template and EOS id 2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "user", "assistant", "hello"]
+    vocab = {w: i for i, w in enumerate([*words, *(f"w{i}" for i in range(size - len(words)))])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Split("\n", "isolated")
+    backend.add_special_tokens(words[:3])
+    backend.save(str(directory / "tokenizer.json"))
+    settings = {"chat_template": template, "eos_token": {"content": "<|im_end|>"}}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    _edit_config(directory, eos_token_id=2, bos_token_id=None)
+
+
+def test_the_checkpoints_own_tokenizer_and_chat_template(tmp_path):
+    directory = _copy(tmp_path)
+    _own_tokenizer(directory)
+    tokenizer = rm.load_model(directory, require_tokenizer=True).tokenizer
+    assert type(tokenizer).__name__ == "PretrainedTokenizer" and tokenizer.stop_ids == (2,)
+    chat = [{"role": "user", "content": "hello"}]
+    text = tokenizer.apply_chat_template(chat)
+    assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer.encode_chat(chat)
+    assert ids[0] == 1 and 2 in ids and ids.count(1) == 2  # the specials as single ids
+
+
+def test_a_bad_tokenizer_of_another_family_is_refused_in_one_line(tmp_path):
+    from recurrent_model.tokenizer import TokenizerError
+
+    big = _copy(tmp_path / "big")
+    _own_tokenizer(big, size=200)
+    with pytest.raises(
+        CheckpointError, match="has 200 tokens but the model's vocabulary holds 128"
+    ):
+        rm.load_model(big)
+    broken = _copy(tmp_path / "broken")
+    _own_tokenizer(broken, template="{% for m in messages %}{{ m['role'] }")
+    with pytest.raises(TokenizerError, match="chat template failed"):
+        rm.load_model(broken).tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+    hostile = _copy(tmp_path / "hostile")  # the sandbox refuses attribute access to internals
+    _own_tokenizer(hostile, template="{{ messages.__class__.__mro__ }}")
+    with pytest.raises(TokenizerError, match="chat template failed"):
+        rm.load_model(hostile).tokenizer.encode_chat([{"role": "user", "content": "hello"}])

@@ -28,12 +28,17 @@ How to run
        /work/.mirror/LoopedLMs+retrofitting-recurrence/repo, a bare git dir), or
        ``git clone --bare https://github.com/LoopedLMs/retrofitting-recurrence``.
     2. ``/work/main/.venv/bin/python -m pip install --target $TMPDIR/retro_hf "transformers==4.51.0"``
-       (a private directory: it must not replace the workbench venv's transformers).
+       (a private directory: it must not replace the workbench venv's transformers), then
+       ``pip install --no-deps --target $TMPDIR/retro_hf accelerate``: without it 4.51.0's
+       ``from_pretrained`` fails with "name 'init_empty_weights' is not defined".
     3. ``/work/main/.venv/bin/python tests/data/retrofit/regenerate.py \
             --fork-git-dir /work/.mirror/LoopedLMs+retrofitting-recurrence/repo \
             --hf-target $TMPDIR/retro_hf --work $TMPDIR/retro_regen``
     Everything fetched or generated as scratch goes under --work; only checkpoint/config.json,
-    checkpoint/model.safetensors, reference.safetensors and reference.json are written here.
+    checkpoint/model.safetensors, source/config.json, source/model.safetensors,
+    reference.safetensors and reference.json are written here. To check that a rerun reproduces the
+    committed files, pass ``--out $TMPDIR/retro_out`` and compare them (``cmp``) before copying
+    anything back.
 
 What is built (the fork's conversion recipe, tiny sizes)
     * A fake ``models/huginn-0125`` directory: config.json = the fork's RavenConfig defaults (Huginn-0125's
@@ -41,7 +46,9 @@ What is built (the fork's conversion recipe, tiny sizes)
       raven_modeling_minimal_llama.py saved as raven_modeling_minimal.py (README step 6's end state).
     * A source Llama (transformers LlamaForCausalLM, float32, torch.manual_seed(0), initializer_range
       0.1): hidden 64, 4 heads, 2 KV heads (GQA), intermediate 96, vocab 128, 4 layers, context 64,
-      rope_theta 10000, untied embeddings; every RMSNorm weight set to 1 + 0.1 * normal.
+      rope_theta 10000, untied embeddings; every RMSNorm weight set to 1 + 0.1 * normal. Its
+      ``save_pretrained`` output (config.json, model.safetensors) is kept as ``source/``: the exact
+      input of the conversion, for checking a converter against the fork's.
     * ``get_llama_huginn_config(source)`` (the fork's function), then the layer counts edited as its
       main() docstring says to (prelude 1, core 2, coda 1, n_layers 4); ``AutoModelForCausalLM.from_config
       (config, trust_remote_code=True)``; ``weight_mapping(source_sd, huginn_sd, {prelude [0], core [1, 2],
@@ -220,6 +227,9 @@ def main() -> None:
     (out / "checkpoint").mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy(saved / name, out / "checkpoint" / name)
+    (out / "source").mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(src_dir / name, out / "source" / name)
 
     # Reload as train.py does and record the fork's own forward.
     model = AutoModelForCausalLM.from_pretrained(
