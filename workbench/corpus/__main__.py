@@ -1,5 +1,6 @@
 """``python -m workbench.corpus run --model M --data D --out DIR [...]`` and
-``python -m workbench.corpus summary DIR``: the corpus engine's command line (docs/corpus.md)."""
+``python -m workbench.corpus summary DIR``, ``python -m workbench.corpus compare RUN_A RUN_B [...]``:
+the corpus engine's command line (docs/corpus.md)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ def parser() -> argparse.ArgumentParser:
     )
     summary = sub.add_parser("summary", help="print (and write) the summary of DIR")
     summary.add_argument("out")
+    compare = sub.add_parser(
+        "compare", help="compare corpus runs: kinds, steps, λ_1, lens KL with bootstrap intervals"
+    )
+    compare.add_argument(
+        "runs", nargs="+", help="corpus run directories; the first is the baseline"
+    )
+    compare.add_argument(
+        "--bootstrap", type=int, default=1000, help="bootstrap resamples of prompts (default 1000)"
+    )
+    compare.add_argument("--seed", type=int, default=0, help="seed of the bootstrap draws")
     return p
 
 
@@ -82,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(markdown(write_summary(args.out)), end="")
         return 0
+    if args.command == "compare":
+        return compare(args)
     seeds = int_list(args.seeds, "--seeds")
     lens_steps = int_list(args.lens_steps, "--lens-steps") if args.lens_steps else None
     if args.slurm_script:
@@ -118,6 +131,21 @@ def run(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"corpus: done, results in {out} (summary.md, tokens/)", file=sys.stderr)
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Print the comparison of the runs (a run that is not a corpus run: one line, exit 2)."""
+    from .compare import compare as compare_runs
+    from .compare import format_comparison
+    from .sources import CorpusError
+
+    try:
+        frames = compare_runs(args.runs, n_boot=args.bootstrap, seed=args.seed)
+    except CorpusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_comparison(frames), end="")
     return 0
 
 
