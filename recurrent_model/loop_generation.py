@@ -49,10 +49,13 @@ def generate_every_loop(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     stop_tokens: tuple[int, ...] | None = None,
+    init_scale: float = 1.0,
     return_details: bool = False,
 ) -> torch.Tensor | LoopGenerationOutput:
     """Greedy (or sampled) continuation of ``input_ids`` (B, T; rows of equal length) by
-    ``max_new_tokens`` tokens; rows that produced a stop token continue with that token."""
+    ``max_new_tokens`` tokens; rows that produced a stop token continue with that token.
+    ``init_scale`` scales a family's random s_0 (drawn afresh for each chunk; 0: zeros), as the
+    forward takes it; a family that starts from the embedding ignores it."""
     ids = check_prompt(model, input_ids, max_new_tokens)
     steps = check_int("num_steps", model.default_steps() if num_steps is None else num_steps, 1)
     check_int("min_steps", min_steps, 1)
@@ -65,7 +68,9 @@ def generate_every_loop(
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     new_tokens, exits = [], []
     for _ in range(max_new_tokens):
-        logits, chosen = _last_position(model, chunk, steps, cache, start, criterion, min_steps)
+        start_state = {"init_scale": init_scale, "generator": generator}
+        logits, chosen = _last_position(model, chunk, steps, cache, start, criterion, min_steps,
+                                        start_state)  # fmt: skip
         token, _ = sampler.choose(logits)
         token = torch.where(done, new_tokens[-1] if new_tokens else token, token)
         done |= torch.isin(token, stops)
@@ -87,15 +92,16 @@ def _last_position(
     start: int,
     criterion: ExitCriterion | None,
     min_steps: int,
+    start_state: dict,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk run through every loop with the cache; at its last position, the logits (B, V)
     of the chosen loop and that loop (1-based, (B,))."""
     if criterion is None:
-        out = model(chunk, num_steps=steps, cache=cache, start=start)
+        out = model(chunk, num_steps=steps, cache=cache, start=start, **start_state)
         return out.logits[:, -1], torch.full_like(chunk[:, 0], steps)
     names = [hook_names.STATE, EXIT_GATE]
     _, recorded = model.run_with_cache(chunk, num_steps=steps, names_filter=names,
-                                       cache=cache, start=start)  # fmt: skip
+                                       cache=cache, start=start, **start_state)  # fmt: skip
     states = recorded[hook_names.STATE][:, :, -1:]  # (r + 1, B, 1, h)
     gates = recorded[EXIT_GATE][:, :, -1]  # (r, B)
     every = model.coda(states[1:, :, -1])[0]  # (r, B, V): each loop's logits

@@ -154,3 +154,15 @@ def test_exit_against_convergence_per_token(family_model):
     else:
         assert frame["exit_step"].isna().all() and not frame.attrs["learned_exit"]
         assert figure.layout.annotations[0].text == "no learned exit in this family"
+
+
+def test_steering_ablation_and_steered_generation(family_model):
+    h = family_model.config.n_embd
+    vector = torch.randn(h, generator=torch.Generator().manual_seed(0))
+    sweep = wb.steering_sweep(family_model, IDS, 4, vector, (0.0, 4.0))
+    assert sweep["kl"].iloc[0] == pytest.approx(0.0, abs=1e-6) and sweep["kl"].iloc[1] > 0
+    ablated = wb.ablate_subspace(family_model, IDS, 12, position=5, n_random=4)
+    assert np.isfinite(ablated.effect) and len(ablated.control) == 4
+    hook = wb.add_vector_hook(vector, alpha=4.0)
+    base, steered = wb.steered_generation(family_model, IDS[:4], 3, 2, [(hook_names.STATE, hook)])
+    assert base.shape == steered.shape == (1, 7)
