@@ -38,7 +38,27 @@ def special_token_offset(vocab_size: int) -> int:
     return vocab_size - NUM_SPECIAL
 
 
-class HuginnTokenizer:
+class TokenizerFile:
+    """What every tokenizer here shares: a ``tokenizers`` tokenizer.json, decoded and saved as is."""
+
+    backend: Tokenizer
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.backend.save(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """The text of each token on its own (for axis labels), specials kept."""
+        return [self.backend.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+
+class HuginnTokenizer(TokenizerFile):
     """Encode/decode text and chat messages with the Huginn special tokens and chat template."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -72,13 +92,6 @@ class HuginnTokenizer:
             raise TokenizerError(f"{path} is not a valid tokenizer.json: {exc}") from exc
         return cls(backend)
 
-    def save(self, path: str | os.PathLike) -> None:
-        self.backend.save(str(path))
-
-    @property
-    def vocab_size(self) -> int:
-        return self.backend.get_vocab_size()
-
     @property
     def stop_ids(self) -> tuple[int, ...]:
         """Generation stops on BOS, EOS or end-of-turn (65504, 65505, 65508 in the published vocab)."""
@@ -87,13 +100,6 @@ class HuginnTokenizer:
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         ids = self.backend.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if add_bos else ids
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        """The text of each token on its own (for axis labels), specials kept."""
-        return [self.backend.decode([int(i)], skip_special_tokens=False) for i in ids]
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
@@ -124,7 +130,7 @@ class HuginnTokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
 
-class PretrainedTokenizer:
+class PretrainedTokenizer(TokenizerFile):
     """Another family's tokenizer.json (Ouro's, a Llama's) with its own special tokens and chat
     template: BOS and EOS ids from config.json (``bos_token_id``, ``eos_token_id``, an id or a list)
     or tokenizer_config.json's token strings, the template from tokenizer_config.json's
@@ -174,13 +180,6 @@ class PretrainedTokenizer:
             specials,
         )
 
-    def save(self, path: str | os.PathLike) -> None:
-        self.backend.save(str(path))
-
-    @property
-    def vocab_size(self) -> int:
-        return self.backend.get_vocab_size()
-
     @property
     def stop_ids(self) -> tuple[int, ...]:
         """Generation stops on the end-of-sequence ids."""
@@ -188,13 +187,6 @@ class PretrainedTokenizer:
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_bos).ids
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        """The text of each token on its own (for axis labels), specials kept."""
-        return [self.backend.decode([int(i)], skip_special_tokens=False) for i in ids]
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True

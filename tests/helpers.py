@@ -120,3 +120,8 @@ def launch(
     proc = subprocess.run(cmd, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return None
+
+
+def relative_error(a, b) -> float:
+    """max |a − b| / max |b| of two tensors: an error relative to the reference's scale."""
+    return float((a.detach().float() - b.float()).abs().max() / b.float().abs().max())

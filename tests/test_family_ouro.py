@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import relative_error
 from safetensors.torch import load_file, save_file
 
 import recurrent_model as rm
@@ -32,11 +33,6 @@ def reference() -> dict[str, torch.Tensor]:
     return load_file(DATA / "reference.safetensors")
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a − b| / max |b|: the error relative to the reference's scale."""
-    return float((a.detach() - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("r", DEPTHS)
 def test_logits_states_and_exit_equal_the_published_code(ouro, reference, r):
     ids = reference["input_ids"]
@@ -45,11 +41,11 @@ def test_logits_states_and_exit_equal_the_published_code(ouro, reference, r):
                                          names_filter=["core.hook_state", "core.hook_exit_gate"])  # fmt: skip
         chosen = ouro(ids, num_steps=r, exit_threshold=0.5)
     errors = {
-        "logits": relative(out.logits, reference[f"r{r}.logits"]),
-        "states": relative(cache["core.hook_state"], reference[f"r{r}.states"]),
-        "gate": relative(cache["core.hook_exit_gate"], reference[f"r{r}.gate"]),
-        "exit_pdf": relative(out.exit_pdf, reference[f"r{r}.exit_pdf"]),
-        "logits at exit 0.5": relative(chosen.logits, reference[f"r{r}.logits_thr0p5"]),
+        "logits": relative_error(out.logits, reference[f"r{r}.logits"]),
+        "states": relative_error(cache["core.hook_state"], reference[f"r{r}.states"]),
+        "gate": relative_error(cache["core.hook_exit_gate"], reference[f"r{r}.gate"]),
+        "exit_pdf": relative_error(out.exit_pdf, reference[f"r{r}.exit_pdf"]),
+        "logits at exit 0.5": relative_error(chosen.logits, reference[f"r{r}.logits_thr0p5"]),
     }
     print(f"r={r}: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
     assert max(errors.values()) < 1e-5
@@ -64,7 +60,7 @@ def test_every_loop_logits_equal_the_published_exit_at_step(ouro, reference):
     with torch.no_grad():
         _, cache = ouro.run_with_cache(ids, num_steps=4, names_filter="core.hook_state")
         loops = ouro.coda(cache["core.hook_state"][1:])[0]
-    assert relative(loops, reference["r4.loop_logits"]) < 1e-5
+    assert relative_error(loops, reference["r4.loop_logits"]) < 1e-5
 
 
 def test_cached_generation_gives_the_uncached_tokens_past_the_sliding_window(ouro, reference):

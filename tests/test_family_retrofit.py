@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, relative_error
 from safetensors.torch import load_file, save_file
 
 import recurrent_model as rm
@@ -28,11 +28,6 @@ ORACLE = REPO / "tests" / "data" / "retrofit"
 CHECKPOINT = ORACLE / "checkpoint"
 WEIGHTS = "model.safetensors"
 TOLERANCE = 1e-5
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a − b| / max |b|."""
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
 @pytest.fixture(scope="module", autouse=True)

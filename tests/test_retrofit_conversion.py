@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, relative_error
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 from torch import nn
@@ -46,11 +46,6 @@ LLAMA_LAYER = {  # Llama name -> shape, per layer, at SIZES
     "input_layernorm": (16,),
     "post_attention_layernorm": (16,),
 }
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a − b| / max |b|."""
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
 @pytest.fixture(scope="module", autouse=True)
