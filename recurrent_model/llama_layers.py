@@ -60,16 +60,30 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 class SlotCache:
     """Keys and values per cache slot (one slot per layer call: Ouro has one per (loop, layer)),
-    each (B, kv_heads, positions, D), grown as tokens arrive."""
+    each (B, kv_heads, positions, D), grown as tokens arrive. A forward over a chunk says where the
+    chunk starts (:meth:`begin`); a slot that does not hold exactly the positions before it (a chunk
+    that runs more or fewer loops than the chunks before) is an error, not attention over a part of
+    the sequence."""
 
     def __init__(self) -> None:
         self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.start = 0
+
+    def begin(self, start: int) -> None:
+        """The next chunk's first position: every slot it extends must hold ``start`` positions."""
+        self.start = int(start)
 
     def extend(
         self, slot: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this call's keys and values to ``slot``; every key and value the slot holds."""
         held = self.slots.get(slot)
+        cached = 0 if held is None else held[0].shape[2]
+        if cached != self.start:
+            raise ValueError(
+                f"KV cache slot {slot} holds {cached} positions but this chunk starts at position "
+                f"{self.start}: every chunk must run the same number of steps"
+            )
         if held is not None:
             k, v = torch.cat((held[0], k), dim=2), torch.cat((held[1], v), dim=2)
         self.slots[slot] = (k, v)

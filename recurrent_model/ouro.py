@@ -367,6 +367,8 @@ class OuroLM(HookedModel):
         if steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {steps}")
         rope = self.rope_at(start, input_ids.shape[1])
+        if cache is not None:
+            cache.begin(start)
         state = self.embed(input_ids)
         if init_state is not None:
             if init_state.shape != state.shape:

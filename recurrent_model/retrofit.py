@@ -527,6 +527,8 @@ class RetrofitLM(HookedModel):
             )
         steps = _checked_steps(self.default_steps() if num_steps is None else num_steps)
         rope = self.rope_at(start, input_ids.shape[1])
+        if cache is not None:
+            cache.begin(start)
         e = self.prelude(self.embed(input_ids), rope, cache)
         if init_state is None:
             state = self.initial_state(e, init_scale, generator)

@@ -255,3 +255,15 @@ def test_a_bad_tokenizer_of_another_family_is_refused_in_one_line(tmp_path):
     _own_tokenizer(hostile, template="{{ messages.__class__.__mro__ }}")
     with pytest.raises(TokenizerError, match="chat template failed"):
         rm.load_model(hostile).tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+
+
+def test_a_cache_filled_at_another_depth_is_refused(ouro, reference):
+    from recurrent_model.llama_layers import SlotCache
+
+    ids, cache = reference["input_ids"], SlotCache()
+    with torch.no_grad():
+        ouro(ids[:, :4], num_steps=2, cache=cache)
+        with pytest.raises(
+            ValueError, match="slot 4 holds 0 positions but this chunk starts at position 4"
+        ):
+            ouro(ids[:, 4:5], num_steps=4, cache=cache, start=4)
