@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import streamlit as st
 
-from recurrent_model.criteria import names
+from recurrent_model.criteria import CRITERIA, names
 from workbench import figures
 
 from . import compute, cost
 from .messages import shown_as_message
 from .ui import Context, chart, quoted_tokens, table_download
 
-#: The choices of the exit criterion: none, then the registry's criteria for generate.
-EXIT_CRITERIA = ("none (fixed steps)", *names("generate"))
+#: The choices of the exit criterion: none, then the registry's criteria for generate that read
+#: what Huginn has (not a learned exit gate: this tab serves Huginn's layout).
+EXIT_CRITERIA = (
+    "none (fixed steps)",
+    *(name for name in names("generate") if not CRITERIA[name].needs_gate),
+)
 DEFAULT_EXIT_CRITERION = "kl"  # chosen by name, wherever the registry lists it
 DEFAULT_EXIT = EXIT_CRITERIA.index(DEFAULT_EXIT_CRITERION)
 

@@ -257,6 +257,11 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     except (CheckpointError, ConfigError, TokenizerError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if model.family != "Huginn":
+        print(f"error: this command drives Huginn's inference features; a model of the "
+              f"{model.family} family generates through model.generate in Python (docs/model.md)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     streamer = _TextStreamer(model.tokenizer, out)
     try:
         details = _generate(model, args, streamer)

@@ -267,3 +267,16 @@ def test_a_cache_filled_at_another_depth_is_refused(ouro, reference):
             ValueError, match="slot 4 holds 0 positions but this chunk starts at position 4"
         ):
             ouro(ids[:, 4:5], num_steps=4, cache=cache, start=4)
+
+
+def test_the_command_line_says_it_serves_huginn_only(tmp_path, capsys):
+    from recurrent_model.cli import main
+    from recurrent_model.ouro import OuroConfig
+    from recurrent_model.standin import byte_level_tokenizer
+
+    model = OuroLM(OuroConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=32, vocab_size=512, max_position_embeddings=64))  # fmt: skip
+    model.tokenizer = byte_level_tokenizer(512)
+    model.save_pretrained(tmp_path / "ouro")
+    assert main(["--checkpoint", str(tmp_path / "ouro"), "--prompt", "hi"]) == 2
+    assert "a model of the Ouro family generates through model.generate" in capsys.readouterr().err
