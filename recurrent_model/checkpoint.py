@@ -22,6 +22,7 @@ from torch import nn
 
 from .config import ConfigError, RecurrentConfig
 from .hub import HubError, download_checkpoint, looks_like_hub_id
+from .json_files import read_json_object
 from .model import RecurrentLM
 from .saving import (  # noqa: F401 (the writing half of the format, re-exported for callers)
     INDEX_FILE,
@@ -264,13 +265,7 @@ def read_config_json(directory: Path) -> dict:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{directory} has no config.json, so it is not a checkpoint")
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{config_path} holds a {type(raw).__name__}, not a JSON object")
-    return raw
+    return read_json_object(config_path, ConfigError)
 
 
 def checked_tokenizer(

@@ -215,18 +215,10 @@ class PretrainedTokenizer(TokenizerFile):
 
 def _tokenizer_config(directory: Path) -> dict:
     """tokenizer_config.json as a mapping ({} when absent); TokenizerError when unreadable."""
-    import json
+    from .json_files import read_json_object
 
     path = directory / "tokenizer_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(settings, dict):
-        raise TokenizerError(f"{path} holds a {type(settings).__name__}, not a JSON object")
-    return settings
+    return read_json_object(path, TokenizerError) if path.is_file() else {}
 
 
 def _token_text(value: object) -> str | None:
