@@ -67,6 +67,8 @@ from recurrent_model import hook_names  # noqa: E402
 from recurrent_model.cached_forward import ChunkRunner  # noqa: E402
 from recurrent_model.compiled import MATVEC_MARGIN, CompiledDecode, compile_state  # noqa: E402
 from recurrent_model.functional import linear  # noqa: E402
+from recurrent_model.loop_compiled import layer_weights  # noqa: E402
+from recurrent_model.ouro import OuroConfig, OuroLM  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_forward import attention_flops, matmul_shapes, matmul_time  # noqa: E402
@@ -364,6 +366,15 @@ def bench_dtype(model: rm.RecurrentLM, ids: torch.Tensor, repeats: int) -> None:
     print_table(results, "bfloat16 KV cache", results["bfloat16 KV cache"][3].sequences)
 
 
+def random_bf16(model: torch.nn.Module) -> None:
+    """Fill a model materialised with ``to_empty`` with normal weights (std 0.02, seed 0), in
+    place, in its dtype."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.02)
+
+
 def huginn_shape_model() -> rm.RecurrentLM:
     """A bf16 model of the 3.5B Huginn-0125 shape with random weights (normal, std 0.02)."""
     cfg = rm.preset("huginn-0125")
@@ -371,27 +382,63 @@ def huginn_shape_model() -> rm.RecurrentLM:
         model = rm.RecurrentLM(cfg, init_weights=False)
     model = model.to_empty(device="cpu").to(torch.bfloat16).eval()
     model.lm_head.weight = model.transformer.wte.weight
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.bfloat16) * 0.02)
+    random_bf16(model)
     return model
 
 
+#: Ouro-1.4B's published shape (/work/shared/spec/families.md): 24 layers looped 4 times, h = 2048,
+#: 16 heads, MLP 5632, V = 49152, untied head.
+OURO_SHAPE = {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+              "num_key_value_heads": 16, "intermediate_size": 5632, "vocab_size": 49152,
+              "total_ut_steps": 4, "max_position_embeddings": 4096, "name": "ouro-1.4b-shape"}  # fmt: skip
+
+
+def ouro_shape_model() -> OuroLM:
+    """A bf16 model of Ouro-1.4B's shape with random weights (normal, std 0.02)."""
+    with torch.device("meta"):
+        model = OuroLM(OuroConfig(**OURO_SHAPE))
+    model = model.to_empty(device="cpu").to(torch.bfloat16).eval()
+    random_bf16(model)
+    return model
+
+
+def ouro_token_weights(model: OuroLM, steps: int) -> list[torch.Tensor]:
+    """Every weight matrix one Ouro token multiplies: ``steps`` times each layer's seven
+    projections, then the head (the exit gate's one row and the norms are left out)."""
+    projections = [w for layer in model.model.layers for w in layer_weights(layer)
+                   if w.dim() == 2]  # fmt: skip
+    return projections * steps + [model.lm_head.weight.detach()]
+
+
 def bench_huginn_shape(tokens: int, compiled: bool, rounds: int) -> None:
-    """bf16 tokens of a random model of the 3.5B Huginn-0125 shape, eager and (``compiled``)
-    compiled: per round one generate call, then the torch.sum read floor of the weights one token
-    reads (the machine's bandwidth drifts between rounds); eager runs one round, compiled
-    ``rounds`` after its first (compiling) call."""
+    """bf16 tokens of a random model of the 3.5B Huginn-0125 shape against their read floor."""
     model = huginn_shape_model()
-    cfg = model.config
-    ids = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
-    steps = cfg.mean_recurrence
-    weights = token_weights(model, steps)
+    steps = model.config.mean_recurrence
+    title = f"Huginn-0125 shape ({model.num_parameters() / 1e9:.2f}B parameters, random)"
+    bench_shape(title, model, steps, token_weights(model, steps), tokens, compiled, rounds)
+
+
+def bench_ouro_shape(tokens: int, compiled: bool, rounds: int) -> None:
+    """bf16 tokens of a random model of Ouro-1.4B's shape against their read floor."""
+    model = ouro_shape_model()
+    steps = model.config.total_ut_steps
+    title = f"Ouro-1.4B shape ({model.num_parameters() / 1e9:.2f}B parameters, random)"
+    bench_shape(title, model, steps, ouro_token_weights(model, steps), tokens, compiled, rounds)
+
+
+def bench_shape(title: str, model: torch.nn.Module, steps: int, weights: list[torch.Tensor],
+                tokens: int, compiled: bool, rounds: int) -> None:  # fmt: skip
+    """bf16 tokens of a large random ``model``, eager and (``compiled``) compiled: per round one
+    generate call, then the torch.sum read floor of ``weights``, those one token reads (the
+    machine's bandwidth drifts between rounds); eager and compiled each ``rounds`` calls, the
+    compiled ones after a first (compiling) call. Greedy from the same prompt, so both must give
+    the same tokens (printed)."""
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1)
+    )
     nbytes = sum(w.numel() * w.element_size() for w in weights)
-    print(f"\nHuginn-0125 shape ({model.num_parameters() / 1e9:.2f}B parameters, random), bf16, "
-          f"r={steps}, 8-token prompt, {tokens} new tokens, {torch.get_num_threads()} threads; "
-          f"one token reads {nbytes / 1e9:.1f} GB of weights")  # fmt: skip
+    print(f"\n{title}, bf16, r={steps}, 8-token prompt, {tokens} new tokens, "
+          f"{torch.get_num_threads()} threads; one token reads {nbytes / 1e9:.2f} GB of weights")  # fmt: skip
 
     @torch.inference_mode()
     def read_floor() -> float:
@@ -418,13 +465,13 @@ def bench_huginn_shape(tokens: int, compiled: bool, rounds: int) -> None:
             print(f"compiled, first call: {first:.0f} s to the first token (compile and product "
                   f"timing), then {token:.2f} s per token -> {out}")  # fmt: skip
         measured = []
-        for _ in range(rounds if compile_ else 1):
+        for _ in range(rounds):
             _, token, out = per_token(compile_)
             measured.append((token, read_floor()))
         best_token, best_floor = min(t for t, _ in measured), min(f for _, f in measured)
         shares = sorted(f / t for t, f in measured)
-        print(f"{name}: {best_token:.2f} s per token (best of {len(measured)} calls), torch.sum read "
-              f"floor {best_floor:.2f} s ({nbytes / best_floor / 1e9:.1f} GB/s): "
+        print(f"{name}: {best_token:.3f} s per token (best of {len(measured)} calls), torch.sum read "
+              f"floor {best_floor:.3f} s ({nbytes / best_floor / 1e9:.1f} GB/s): "
               f"{best_floor / best_token:.1%} of it best over best; per call (each floor read right "
               f"after its tokens) {shares[len(shares) // 2]:.1%} median, {shares[0]:.1%} to "
               f"{shares[-1]:.1%} -> {out}")  # fmt: skip
@@ -510,12 +557,35 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="with --huginn-shape, also the compiled decode (its compile takes minutes)",
     )
+    parser.add_argument(
+        "--ouro-shape",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="also decode TOKENS bf16 tokens of Ouro-1.4B's shape (about 3 GB), eager",
+    )
+    parser.add_argument(
+        "--ouro-compiled",
+        action="store_true",
+        help="with --ouro-shape, also the compiled decode",
+    )
+    parser.add_argument(
+        "--only-shapes",
+        action="store_true",
+        help="run only the --huginn-shape / --ouro-shape benchmarks",
+    )
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.only_shapes:
+        if args.huginn_shape:
+            bench_huginn_shape(args.huginn_shape, args.huginn_compiled, args.repeats)
+        if args.ouro_shape:
+            bench_ouro_shape(args.ouro_shape, args.ouro_compiled, args.repeats)
+        return
     load0 = os.getloadavg()[0]
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("small")).eval()
@@ -570,6 +640,8 @@ def main() -> None:
         bench_dtype(model, ids, args.repeats)
     if args.huginn_shape:
         bench_huginn_shape(args.huginn_shape, args.huginn_compiled, args.repeats)
+    if args.ouro_shape:
+        bench_ouro_shape(args.ouro_shape, args.ouro_compiled, args.repeats)
     if args.quick:
         return
     if os.path.isdir(args.checkpoint):

@@ -403,6 +403,12 @@ class OuroLM(HookedModel):
 
         return generate_every_loop(self, input_ids, max_new_tokens, num_steps, **options)
 
+    def loop_decode(self, batch: int, max_length: int, num_steps: int) -> Any:
+        """Compiled decode tokens over static cache slots (generation's ``compile=True``)."""
+        from .loop_compiled import LoopDecode
+
+        return LoopDecode(self, batch, max_length, num_steps)
+
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json, model.safetensors in the published layout and tokenizer.json (when the
         model has a tokenizer), atomically."""
