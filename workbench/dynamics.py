@@ -54,13 +54,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import pandas as pd
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from ._frames import token_labels
-from .dynamics_features import convergence_features, drift_features, tail_pca, transient_end
+from .dynamics_features import (
+    convergence_features,
+    drift_features,
+    relative_steps,
+    tail_pca,
+    transient_end,
+)
 from .dynamics_rotation import plane_bases, rotation_fit
 
 KINDS = ("fixed_point", "orbit", "slider", "other")
@@ -191,54 +198,86 @@ def _decide(f: pd.DataFrame, th: DynamicsThresholds) -> np.ndarray:
     return np.select([np.asarray(m) for _, m in rules], [k for k, _ in rules], default="other")
 
 
+@cache
+def _threadpools() -> ThreadpoolController:
+    """The BLAS and OpenMP pools of this process, found once (a lookup reads the loaded libraries)."""
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context with one BLAS thread: the features are many small matrices, and threads
+    oversubscribe shared CPUs (and the forward running beside a background classification)."""
+    return _threadpools().limit(limits=1)
+
+
+def _tails(states: np.ndarray, window: int, idx: np.ndarray) -> np.ndarray:
+    """The last `window` steps of the tokens `idx` as float64 (len(idx), window + 1, h), C-ordered
+    so every token's tail has one memory layout whatever tokens are beside it."""
+    return np.ascontiguousarray(np.swapaxes(states[-window - 1 :, idx], 0, 1), dtype=np.float64)
+
+
+def _window_features(
+    tails: np.ndarray, th: DynamicsThresholds, planes: bool
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """Every diagnostic of tails (T, W + 1, h) and, if `planes`, their rotation planes (T, 2, h)."""
+    pca = tail_pca(tails, th.n_components)
+    rot = rotation_fit(pca.scores, pca.total)
+    window = tails.shape[1] - 1
+    values = (
+        convergence_features(tails, pca)
+        | drift_features(pca)
+        | dict(
+            angular_speed=rot.omega,
+            revolutions=rot.omega * window / (2 * np.pi),
+            plane_variance_share=rot.share,
+            aspect=rot.aspect,
+            angle_speed=rot.angle_speed,
+            angle_consistency=rot.consistency,
+            radial_trend=rot.radial_trend,
+        )
+    )
+    return values, plane_bases(rot, pca.components(tails)) if planes else None
+
+
 def _features(
     states: np.ndarray,
     windows: np.ndarray,
     th: DynamicsThresholds,
     planes: bool = False,
+    diagnostics: bool = True,
     chunk_bytes: int = 64 << 20,
 ) -> tuple[pd.DataFrame, np.ndarray | None]:
     """Diagnostic numbers of every token's window (its last `windows[i]` steps; one row each) and,
     if `planes`, the rotation planes (T, 2, h).
 
-    Tokens are grouped by window length; windows are converted to float64 and processed in batches
-    of tokens of at most `chunk_bytes`, so memory stays bounded at any width.
+    Without `diagnostics`, a token settled by rule 1 gets only its relative steps (the rest NaN):
+    rule 1 decides it, and at many steps most tokens are settled. Tokens are grouped by window
+    length; windows are converted to float64 and processed in batches of tokens of at most
+    `chunk_bytes`, so memory stays bounded at any width. Every operation acts on one token's
+    numbers alone, so a token's row is the same bits in any batch.
     """
     T, h = states.shape[1], states.shape[2]
-    frames, bases = [], np.zeros((T, 2, h)) if planes else None
-    # one BLAS thread: these are many small matrices, and threads oversubscribe shared CPUs
-    with threadpool_limits(1):
+    empty = _window_features(np.zeros((0, MIN_TAIL + 1, h)), th, False)[0]
+    columns = {name: np.full(T, np.nan) for name in empty} | {"window": np.zeros(T, dtype=int)}
+    bases = np.zeros((T, 2, h)) if planes else None
+    with one_blas_thread():
         for window in np.unique(windows):
             tokens = np.flatnonzero(windows == window)
             chunk = max(1, min(256, chunk_bytes // (8 * (window + 1) * h)))
             for start in range(0, len(tokens), chunk):
                 idx = tokens[start : start + chunk]
-                tails = np.swapaxes(states[-window - 1 :, idx], 0, 1).astype(np.float64)
-                pca = tail_pca(tails, th.n_components)
-                rot = rotation_fit(pca.scores, pca.total)
+                tails = _tails(states, window, idx)
+                steps = relative_steps(tails)
+                full = diagnostics | (steps["tail_relative_step"] >= th.fixed_tol)
+                values, plane = _window_features(tails[full], th, planes)
+                for name, value in values.items():
+                    columns[name][idx[full]] = value
+                for name, value in steps.items():
+                    columns[name][idx[~full]] = value[~full]
+                columns["window"][idx] = window
                 if planes:
-                    bases[idx] = plane_bases(rot, pca.components(tails))
-                frames.append(
-                    pd.DataFrame(
-                        convergence_features(tails, pca)
-                        | drift_features(pca)
-                        | dict(
-                            angular_speed=rot.omega,
-                            revolutions=rot.omega * window / (2 * np.pi),
-                            plane_variance_share=rot.share,
-                            aspect=rot.aspect,
-                            angle_speed=rot.angle_speed,
-                            angle_consistency=rot.consistency,
-                            radial_trend=rot.radial_trend,
-                            window=int(window),
-                        ),
-                        index=idx,
-                    )
-                )
-    if not frames:
-        empty = np.zeros((states.shape[0], 1, h))
-        return _features(empty, np.array([states.shape[0] - 1]), th)[0].iloc[:0], bases
-    return pd.concat(frames).sort_index().reset_index(drop=True), bases
+                    bases[idx[full]] = plane
+    return pd.DataFrame(columns), bases
 
 
 def transient_windows(states: np.ndarray, tail: int, chunk_bytes: int = 64 << 20) -> np.ndarray:
@@ -249,16 +288,21 @@ def transient_windows(states: np.ndarray, tail: int, chunk_bytes: int = 64 << 20
     if tail >= steps:
         return out
     chunk = max(1, min(256, chunk_bytes // (8 * (steps + 1) * h)))
-    with threadpool_limits(1):
+    with one_blas_thread():
         for start in range(0, T, chunk):
-            runs = np.swapaxes(states[:, start : start + chunk], 0, 1).astype(np.float64)
+            runs = _tails(states, steps, np.arange(start, min(start + chunk, T)))
             out[start : start + chunk] = steps - transient_end(runs, tail)
     quantum = max(2, steps // 16)  # a few window lengths, so tokens stay batched
     return tail + (out - tail) // quantum * quantum
 
 
 def _analyse(
-    states: np.ndarray, tail: int, adaptive: bool, th: DynamicsThresholds, planes: bool = False
+    states: np.ndarray,
+    tail: int,
+    adaptive: bool,
+    th: DynamicsThresholds,
+    planes: bool = False,
+    diagnostics: bool = True,
 ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray | None]:
     """Features, kinds and (if `planes`) rotation planes of every token.
 
@@ -268,7 +312,7 @@ def _analyse(
     token is an orbit and its numbers come from the longer window.
     """
     T = states.shape[1]
-    feats, bases = _features(states, np.full(T, tail), th, planes)
+    feats, bases = _features(states, np.full(T, tail), th, planes, diagnostics)
     kinds = _decide(feats, th)
     if not adaptive or T == 0:
         return feats, kinds, bases
@@ -322,6 +366,8 @@ def classify_dynamics(
     states: np.ndarray,
     tail: int | None = None,
     tokens: Sequence[str] | None = None,
+    *,
+    diagnostics: bool = True,
     **thresholds: float,
 ) -> pd.DataFrame:
     """Classify each token's dynamics from the last `tail` steps of states (steps + 1, T, h).
@@ -338,11 +384,16 @@ def classify_dynamics(
     `tail` defaults to min(steps, max(16, steps // 2)), with the transient-end window tried for
     orbits (module docstring); an explicit `tail` is used as given. Keyword thresholds override the
     `DynamicsThresholds` defaults. Raises ValueError on NaN/inf or fewer than 8 tail steps.
+
+    A token's row depends on its own states only: several prompts' states side by side (the
+    token axis) give each prompt's rows, bit for bit. With `diagnostics=False` a token that rule 1
+    settles skips the PCA and rotation fit and gets NaN diagnostics (the kind columns, the relative
+    steps and `window` stay the same bits): the corpus engine's path, where most tokens settle.
     """
     th = DynamicsThresholds(**thresholds)
     adaptive = tail is None
     states, tail = _check_states(states, tail)
-    feats, kinds, _ = _analyse(states, tail, adaptive, th)
+    feats, kinds, _ = _analyse(states, tail, adaptive, th, diagnostics=diagnostics)
     return _table(feats, kinds.astype(object), tokens, states.shape[0] - 1, th.fixed_tol)
 
 

@@ -64,12 +64,19 @@ def _times(n: int) -> np.ndarray:
     return np.arange(n, dtype=float) - (n - 1) / 2
 
 
+def row_dot(rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """rows (..., n) · t (n,), each row summed on its own: a matrix–vector product rounds a row
+    differently by where it falls in the matrix, and a token's numbers must not depend on the
+    tokens classified beside it."""
+    return np.sum(rows * t, axis=-1)
+
+
 def _log_slope(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-row slope and R² of least-squares lines through log(values) (T, n) against the index."""
     logs = np.log(values + _TINY)
     logs -= logs.mean(axis=1, keepdims=True)
     t = _times(values.shape[1])
-    slope = logs @ t / np.sum(t**2)
+    slope = row_dot(logs, t) / np.sum(t**2)
     total = np.sum(logs**2, axis=1)
     resid = np.sum((logs - slope[:, None] * t) ** 2, axis=1)
     return slope, np.where(total > 0, 1 - _safe_ratio(resid, total), 0.0)
@@ -104,13 +111,25 @@ def _step_decay(steps: np.ndarray, parts: int = 3) -> np.ndarray:
     return _safe_ratio(steps[:, -size:].mean(axis=1), steps[:, :size].mean(axis=1))
 
 
+def relative_steps(tails: np.ndarray, last: int = 4) -> dict[str, np.ndarray]:
+    """The relative steps ‖x_t − x_{t−1}‖/‖x_t‖ of tails (T, W + 1, h) that decide a settled
+    fixed point: `final_step_size` (the last), `tail_relative_step` (median of the last `last`)
+    and `max_tail_relative_step` (their largest), each (T,)."""
+    steps = np.sqrt(_sq_norms(np.diff(tails[:, -last - 1 :], axis=1)))  # exact for tiny steps
+    rel = _safe_ratio(steps, np.sqrt(_sq_norms(tails[:, -last:])))
+    return dict(
+        final_step_size=rel[:, -1],
+        tail_relative_step=np.median(rel, axis=1),
+        max_tail_relative_step=rel.max(axis=1),
+    )
+
+
 def convergence_features(
     tails: np.ndarray, pca: TailPCA, last: int = 4, chunks: int = 4
 ) -> dict[str, np.ndarray]:
     """Step-size measurements (each (T,)) of tails (T, W + 1, h) with their PCA.
 
-    `final_step_size` ‖x_r − x_{r−1}‖/‖x_r‖, `tail_relative_step` (median of the last `last`) and
-    `max_tail_relative_step` (their largest); `step_decay` (see `_step_decay`) from the top-3 PC
+    The relative steps of `relative_steps`; `step_decay` (see `_step_decay`) from the top-3 PC
     step norms;
     `contraction` = exp(slope) of a least-squares line through the log step norms measured in the
     top-3 PC space (where i.i.d. noise is mostly projected out), the ratio of successive steps (< 1
@@ -118,17 +137,12 @@ def convergence_features(
     mean / mean norm; `settling_ratio`, `chunk_shrink` and `chunk_contraction` (see `_chunk_motion`,
     `chunks` chunks) come from the top-3 PC scores too.
     """
-    steps = np.sqrt(_sq_norms(np.diff(tails, axis=1)))  # direct: exact even for tiny steps
     norms = np.sqrt(_sq_norms(tails[:, 1:]))
-    rel = _safe_ratio(steps, norms)
     top = pca.scores[:, :, :3]
     top_steps = np.linalg.norm(np.diff(top, axis=1), axis=2)
     slope, fit = _log_slope(top_steps)
     settling, shrink, chunk_contraction = _chunk_motion(top, top_steps, chunks)
-    return dict(
-        final_step_size=rel[:, -1],
-        tail_relative_step=np.median(rel[:, -last:], axis=1),
-        max_tail_relative_step=rel[:, -last:].max(axis=1),
+    return relative_steps(tails, last) | dict(
         step_decay=_step_decay(top_steps),
         contraction=np.exp(slope),
         contraction_fit=fit,
@@ -162,8 +176,8 @@ def drift_features(pca: TailPCA, chunks: int = 8) -> dict[str, np.ndarray]:
     n = pca.gram.shape[1]
     t = _times(n)
     norm_t = np.sum(t**2)
-    g_t = pca.gram @ t  # (T, n): c_s · Σ_t t c_t
-    speed_sq = g_t @ t / norm_t**2
+    g_t = row_dot(pca.gram, t)  # (T, n): c_s · Σ_t t c_t
+    speed_sq = row_dot(g_t, t) / norm_t**2
     speed = np.sqrt(np.clip(speed_sq, 0, None))
     along_sq = _safe_ratio(np.sum(g_t**2, axis=1), norm_t**2 * speed_sq)
     idx = np.unique(np.r_[np.arange(0, n, max(1, (n - 1) // chunks)), n - 1])

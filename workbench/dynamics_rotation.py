@@ -13,6 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .dynamics_features import row_dot
+
 _TINY = 1e-30
 
 
@@ -148,7 +150,7 @@ def _growth(values: np.ndarray) -> np.ndarray:
     """Per-token exp(slope) of a least-squares line through log(values) (T, n) against t."""
     t = _times(values.shape[1])
     logs = np.log(values + _TINY)
-    return np.exp((logs - logs.mean(axis=1, keepdims=True)) @ t / np.sum(t**2))
+    return np.exp(row_dot(logs - logs.mean(axis=1, keepdims=True), t) / np.sum(t**2))
 
 
 def rotation_fit(scores: np.ndarray, total_var: np.ndarray) -> RotationFit:
