@@ -21,8 +21,27 @@ DEFAULT_PROMPT = (
 )
 
 
+OWN_DTYPE = "checkpoint's own"
+DTYPES = (OWN_DTYPE, "float32", "bfloat16", "float16")
+
+
+def dtype_choice(shown: str) -> str | None:
+    """The dtype picked in the sidebar as ``load_model`` takes it (None: the checkpoint's own)."""
+    return None if shown == OWN_DTYPE else shown
+
+
 class InputError(ValueError):
     """Input the app cannot run with; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """The sidebar's input as typed: the prompt (or user message), the system message, and whether
+    it is a chat; another model encodes it with its own tokenizer (``encode_input``)."""
+
+    prompt: str
+    system: str = ""
+    chat: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,6 @@ from apps.messages import shown_as_message  # noqa: E402
 from apps.ui import Context, estimate_gate  # noqa: E402
 from recurrent_model.standin import DEFAULT_CHECKPOINT, is_fallback  # noqa: E402
 
-OWN_DTYPE = "checkpoint's own"
-DTYPES = (OWN_DTYPE, "float32", "bfloat16", "float16")
-
 
 def devices() -> list[str]:
     """The devices torch can use here, CPU first."""
@@ -46,7 +43,7 @@ def sidebar() -> dict:
             "Checkpoint directory or hub id", "checkpoints/default", key="checkpoint"
         )
         device = st.selectbox("Device", devices(), key="device")
-        dtype = st.selectbox("dtype", DTYPES, key="dtype")
+        dtype = st.selectbox("dtype", inputs.DTYPES, key="dtype")
         memory = st.empty()
         st.header("Input")
         chat = st.radio("Input as", ["Prompt", "Chat"], horizontal=True, key="mode") == "Chat"
@@ -155,7 +152,7 @@ def main() -> None:
     raw = sidebar()
     with shown_as_message(stop=True):
         path = inputs.resolve_checkpoint(raw["path"])
-        dtype = None if raw["dtype"] == OWN_DTYPE else raw["dtype"]
+        dtype = inputs.dtype_choice(raw["dtype"])
         model = compute.load(str(path), raw["device"], dtype, compute.checkpoint_signature(path))
     model_banner(model, path)
     memory_line(raw["memory"], model)
@@ -186,7 +183,8 @@ def main() -> None:
     if not getattr(model, "random_initial_state", True):
         runs = "one run from the embedding"
     st.caption(f"{traj.n_tokens} tokens · {traj.num_steps} steps · {runs}")
-    ctx = Context(model=model, model_key=model_key, traj=traj, run=run)
+    prompt = inputs.PromptText(raw["prompt"], raw["system"], raw["chat"])
+    ctx = Context(model=model, model_key=model_key, traj=traj, run=run, prompt=prompt)
     for record, tab in zip(views.TABS, st.tabs(views.titles(), key="view", on_change="rerun")):
         if tab.open:
             with tab, shown_as_message():

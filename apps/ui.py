@@ -19,7 +19,7 @@ from workbench._frames import printable, shown_token, token_display_strings
 
 from . import cost
 from .compute import csv_bytes
-from .inputs import RunSettings
+from .inputs import PromptText, RunSettings
 
 PC_PAIRS = {"PC1 / PC2": (0, 1), "PC3 / PC4": (2, 3), "PC5 / PC6": (4, 5)}
 
@@ -34,12 +34,14 @@ def describe_start(model, seed: int, init_scale: float) -> str:
 
 @dataclass
 class Context:
-    """What every tab needs: the model, the collected trajectory and the keys that name them."""
+    """What every tab needs: the model, the collected trajectory, the keys that name them and the
+    input as typed (for another model's tokenizer; None where a caller has no text)."""
 
     model: object
     model_key: str
     traj: object
     run: RunSettings
+    prompt: PromptText | None = None
 
     @property
     def key(self) -> tuple:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import (
+    tab_bundle,
+    tab_compare,
     tab_convergence,
     tab_corpus,
     tab_dynamics,
@@ -110,6 +112,8 @@ TABS: list[Tab] = [
         ),
     ),
     Tab("Corpus", tab_corpus.render),
+    Tab("Compare", tab_compare.render),
+    Tab("Bundle", tab_bundle.render, action=tab_bundle.WRITE),
 ]
 
 

@@ -114,6 +114,7 @@ def test_an_analysis_round_trips_bit_for_bit(shipped_model, tmp_path):
     assert b.settings["model"] == "small" and len(b.settings["config_hash"]) == 16
     assert b.settings["seeds"] == [0, 1] and "pandas" in b.settings["packages"]
     assert b.figures == ["bars"] and "<html>" in b.figure_html("bars")
+    assert b.figure("bars").to_plotly_json() == source.figures["bars"].to_plotly_json()
     with pytest.raises(AttributeError):
         _ = b.no_such_frame
 

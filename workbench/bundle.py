@@ -8,8 +8,9 @@ HTML and PNG, and a README), to share it or to open it again later.
 
 The zip holds ``bundle.json`` (format and version, settings, frames and figures, the sha256 of
 every other member, which PNGs are absent and why), ``frames/<name>.parquet``,
-``figures/<name>.html`` (self-contained: plotly.js inside), ``figures/<name>.png`` (through kaleido
-when it is installed and finds a Chrome) and ``README.md``. A frame must survive the Parquet round
+``figures/<name>.html`` (self-contained: plotly.js inside), ``figures/<name>.json`` (the figure as
+plotly writes it, to draw it again), ``figures/<name>.png`` (through kaleido when it is installed and
+finds a Chrome) and ``README.md``. A frame must survive the Parquet round
 trip bit for bit (values and dtypes) or the export is refused; object columns of strings, which
 Parquet reads back as ``str``, are restored to ``object``.
 
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 import pyarrow as pa
 
 from recurrent_model.atomic_io import fsync_path, new_file_mode, replace_durably
@@ -186,6 +188,7 @@ def _members(content: Analysis, png: bool) -> tuple[dict[str, bytes], dict[str, 
         if not isinstance(fig, go.Figure):
             raise BundleError(f"figure {name!r} is a {type(fig).__name__}, not a plotly Figure")
         members[f"figures/{name}.html"] = fig.to_html(include_plotlyjs=True).encode()
+        members[f"figures/{name}.json"] = fig.to_json().encode()
     images, absent = _pngs(content.figures, png)
     for name, data in images.items():
         members[f"figures/{name}.png"] = data
@@ -250,7 +253,6 @@ def _pngs(figures: dict[str, go.Figure], wanted: bool) -> tuple[dict[str, bytes]
         return {}, {name: "not asked for (export(..., png=False))" for name in figures}
     try:
         import kaleido  # noqa: F401
-        import plotly.io as pio
     except ImportError:
         why = "kaleido is not installed (pip install kaleido, in the project's app extra)"
         return {}, {name: why for name in figures}
@@ -300,7 +302,8 @@ def _readme(index: dict[str, Any]) -> str:
             lines.append(f"| {name} | {spec['rows']} | {_short(', '.join(spec['columns']), 200)} |")
     else:
         lines.append("None.")
-    lines += ["", "## Figures (`figures/<name>.html`, self-contained; `.png` beside it)", ""]
+    lines += ["", "## Figures (`figures/<name>.html`, self-contained; `.json` and `.png` beside it)",
+              ""]  # fmt: skip
     absent = index["png_absent"]
     for name in index["figures"]:
         lines.append(f"- {name}" + (f" (no PNG: {absent[name]})" if name in absent else ""))
@@ -341,8 +344,8 @@ def _write_zip(path: Path, members: dict[str, bytes], overwrite: bool) -> None:
 @dataclass(frozen=True, eq=False, repr=False)
 class Bundle:
     """An opened bundle: ``settings``, ``frames`` (name → DataFrame; also ``bundle.<name>``),
-    ``figures`` (names), ``figure_html(name)``, ``figure_png(name)``, ``readme`` and ``index``
-    (bundle.json as read)."""
+    ``figures`` (names), ``figure(name)``, ``figure_html(name)``, ``figure_png(name)``, ``readme``
+    and ``index`` (bundle.json as read)."""
 
     path: Path
     index: dict[str, Any]
@@ -364,6 +367,13 @@ class Bundle:
     def figure_html(self, name: str) -> str:
         """The figure's self-contained HTML page."""
         return self._member(f"figures/{name}.html", name).decode()
+
+    def figure(self, name: str) -> go.Figure | None:
+        """The figure as a plotly Figure to draw again, or None when the bundle holds only its
+        HTML (and PNG)."""
+        self._member(f"figures/{name}.html", name)
+        data = self.members.get(f"figures/{name}.json")
+        return None if data is None else pio.from_json(data.decode(), skip_invalid=True)
 
     def figure_png(self, name: str) -> bytes | None:
         """The figure's PNG, or None when the bundle has none (``index['png_absent']`` says why)."""

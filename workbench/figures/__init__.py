@@ -16,6 +16,7 @@ from .lens import lens_heatmap, lens_table
 from .projection import pc_pair_panels, rotation_panel, waterfall_3d
 from .seeds import ATTRACTOR_NOTE, seed_overlay, spread_curves
 from .training import LOSS_NOTE, checkpoint_series_figure, loss_by_depth_figure
+from .two_models import convergence_pair, joint_pca_pair, kinds_pair
 from .wavefront import wavefront_heatmap
 
 __all__ = [
@@ -26,9 +27,12 @@ __all__ = [
     "aligned_embeddings_figure",
     "checkpoint_series_figure",
     "convergence_heatmap",
+    "convergence_pair",
     "convergence_steps_figure",
     "exit_convergence_figure",
+    "joint_pca_pair",
     "kind_share_bars",
+    "kinds_pair",
     "lambda_quantiles_figure",
     "lens_heatmap",
     "lens_table",

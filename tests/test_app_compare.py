@@ -1,0 +1,136 @@
+"""AppTest of the Compare and Bundle tabs: two tiny checkpoints (Huginn in the sidebar, a
+retrofitted model beside it) drawn side by side, a second model that would not fit refused in one
+line, a bundle written and opened again showing the same frames, and a bad upload in one line."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import tiny_family_model
+from streamlit.testing.v1 import AppTest
+
+import workbench.bundle
+from apps import compare_compute, tab_bundle
+from recurrent_model.standin import byte_level_tokenizer, fallback_model
+
+APP = str(Path(__file__).resolve().parents[1] / "apps" / "trajectories.py")
+STEPS = 8
+PROMPT = "A 3 egg omelet."
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def chart_keys(at: AppTest) -> set[str]:
+    return {c.key for c in at.get("plotly_chart")}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Huginn (the stand-in's layout) and a tiny retrofitted model, one byte tokenizer."""
+    root = tmp_path_factory.mktemp("two")
+    first = fallback_model(seed=1)
+    first.config.name = "tiny-huginn"
+    first.save_pretrained(root / "huginn")
+    second = tiny_family_model("retrofit")
+    second.tokenizer = byte_level_tokenizer(second.config.vocab_size)
+    second.save_pretrained(root / "retrofit")
+    return root / "huginn", root / "retrofit"
+
+
+@pytest.fixture(scope="module")
+def app(checkpoints) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.session_state["prompt"] = PROMPT
+    at.run()
+    at.text_input(key="checkpoint").set_value(str(checkpoints[0])).run()
+    at.number_input(key="steps").set_value(STEPS)
+    at.text_input(key="seeds").set_value("0").run()
+    at.session_state["view"] = "Compare"
+    return at.run()
+
+
+def test_without_a_second_checkpoint_the_tab_says_what_to_enter(app):
+    assert_clean(app)
+    assert any("Enter a second checkpoint" in i.value for i in app.info)
+
+
+def test_two_checkpoints_are_drawn_side_by_side(app, checkpoints):
+    app.text_input(key="cmp_checkpoint").set_value(str(checkpoints[1])).run()
+    assert_clean(app)
+    assert {"cmp_convergence", "cmp_kinds", "cmp_pca"} <= chart_keys(app)
+    memory = next(c.value for c in app.caption if c.value.startswith("Memory for two models"))
+    assert "the first's weights" in memory and "free on cpu" in memory
+    pca = next(c for c in app.get("plotly_chart") if c.key == "cmp_pca")
+    assert "one PCA" in pca.proto.spec  # fitted on both: the hidden sizes agree (64)
+    assert not any("tokenizers disagree" in c.value for c in app.caption)  # one byte tokenizer
+    comparison = app.session_state["compare_last"]
+    kinds = comparison.frames["compare_kinds"]
+    assert list(kinds.columns) == ["position", "token", "kind_a", "kind_b"]  # aligned: one row each
+    assert comparison.settings["second_family"] == "Retrofitted"
+    assert comparison.settings["second_num_steps"] == STEPS
+
+
+def test_a_second_model_that_would_not_fit_is_refused_in_one_line(app, checkpoints, monkeypatch):
+    monkeypatch.setattr(compare_compute, "available_memory", lambda device: 1000)
+    app.text_input(key="cmp_checkpoint").set_value(str(checkpoints[1]) + "/").run()
+    assert not app.exception
+    refusal = [e.value for e in app.error]
+    assert len(refusal) == 1 and "does not fit" in refusal[0] and "\n" not in refusal[0]
+    assert "cmp_convergence" not in chart_keys(app)
+
+
+def test_a_bundle_written_and_opened_again_shows_the_same_frames(app, checkpoints, tmp_path):
+    app.text_input(key="cmp_checkpoint").set_value(str(checkpoints[1])).run()
+    app.session_state["view"] = "Bundle"
+    app.run()
+    next(b for b in app.button if b.key == "bundle_write").click().run()
+    assert_clean(app)
+    name, data, _ = app.session_state[tab_bundle.BUNDLE_FILE]
+    assert any(b.key == "bundle_download" for b in app.get("download_button"))
+    app.file_uploader(key="bundle_upload").set_value((name, data, "application/zip")).run()
+    assert_clean(app)
+    (tmp_path / name).write_bytes(data)
+    opened = workbench.bundle.open(tmp_path / name)
+    assert {"tokens", "convergence", "dynamics", "compare_kinds", "compare_pca"} <= set(
+        opened.frames
+    )
+    # each frame is drawn under its name, in the bundle's order, after the settings table
+    names = [m.value.split("**")[1] for m in app.main.markdown if m.value.startswith("**")]
+    shown = dict(zip(names, [d.value for d in app.main.dataframe][-len(names) :]))
+    assert set(shown) == set(opened.frames)
+    for frame_name, frame in opened.frames.items():
+        pd.testing.assert_frame_equal(
+            shown[frame_name].reset_index(drop=True), frame.reset_index(drop=True),
+            check_dtype=False,
+        )  # fmt: skip
+    assert {f"bundle_figure_{n}" for n in opened.figures} <= chart_keys(app)
+    assert opened.settings["num_steps"] == STEPS and opened.settings["prompt"] == PROMPT
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a zip at all", "not a readable zip"),
+        ("newer", "newer than this workbench reads"),
+    ],
+)
+def test_a_bad_upload_is_one_line(app, content, message):
+    if content == "newer":
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("bundle.json", '{"format": "workbench-bundle", "format_version": 99}')
+        content = buffer.getvalue()
+    app.session_state["view"] = "Bundle"
+    app.run()
+    app.file_uploader(key="bundle_upload").set_value(("bad.zip", content, "application/zip")).run()
+    assert not app.exception
+    errors = [e.value for e in app.error]
+    assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
+    assert errors[0].startswith("bad.zip:")
