@@ -65,7 +65,7 @@ import torch.nn.functional as F  # noqa: E402
 import recurrent_model as rm  # noqa: E402
 from recurrent_model import hook_names  # noqa: E402
 from recurrent_model.cached_forward import ChunkRunner  # noqa: E402
-from recurrent_model.compiled import MATVEC_MARGIN, CompiledDecode, compile_state  # noqa: E402
+from recurrent_model.compiled import CompiledDecode, choose_product, compile_state  # noqa: E402
 from recurrent_model.functional import linear  # noqa: E402
 from recurrent_model.loop_compiled import layer_weights  # noqa: E402
 from recurrent_model.ouro import OuroConfig, OuroLM  # noqa: E402
@@ -511,16 +511,17 @@ def report_floors(
     print_product_choice(model)
 
 
-def print_product_choice(model: rm.RecurrentLM) -> None:
-    """Per projection shape, the compiled decode's timing of both products (and the weight bytes
-    each streams per second) and the one it picked."""
+def print_product_choice(model: torch.nn.Module) -> None:
+    """Per projection shape, the compiled decode's timing of both products (best round, and the
+    weight bytes each streams per second), the one it picked and why."""
+    names = {"sum": "sum-written", "matvec": "torch matvec"}
     for (shape, dtype), timing in sorted(compile_state(model).products.items(), key=str):
-        pick = "matvec" if timing["matvec"] < MATVEC_MARGIN * timing["sum"] else "sum-written"
+        choice = choose_product(timing)
         nbytes = shape[0] * shape[1] * dtype.itemsize
-        rates = {name: nbytes / seconds / 1e9 for name, seconds in timing.items()}
-        print(f"  projection {shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')}: "
-              f"sum-written {1e6 * timing['sum']:.1f} us ({rates['sum']:.1f} GB/s), torch matvec "
-              f"{1e6 * timing['matvec']:.1f} us ({rates['matvec']:.1f} GB/s) -> {pick}")  # fmt: skip
+        best = ", ".join(f"{names[n]} {1e6 * t:.1f} us ({nbytes / t / 1e9:.1f} GB/s)"
+                         for n, t in timing.best.items())  # fmt: skip
+        print(f"  projection {shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')}: {best} "
+              f"-> {names[choice.product]} ({choice.reason})")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:

@@ -353,6 +353,48 @@ PRODUCT_COPIES, PRODUCT_REPEATS = 8, 9
 MATVEC_MARGIN = 0.9
 
 
+class ProductTiming(NamedTuple):
+    """Seconds per weight of one batch-1 product shape, per round: {"sum": …, "matvec": …}, the
+    two measured back to back in each round so that a change of load hits both alike."""
+
+    rounds: tuple[dict[str, float], ...]
+
+    @property
+    def best(self) -> dict[str, float]:
+        """Each product's fastest round."""
+        return {name: min(r[name] for r in self.rounds) for name in self.rounds[0]}
+
+    @property
+    def paired_ratio(self) -> float:
+        """The median over rounds of matvec time / sum-written time (paired within a round)."""
+        ratios = sorted(r["matvec"] / r["sum"] for r in self.rounds)
+        return ratios[len(ratios) // 2]
+
+
+class ProductChoice(NamedTuple):
+    """The product a compiled batch-1 projection uses ("sum" or "matvec") and why, in words."""
+
+    product: str
+    reason: str
+
+
+def choose_product(timing: ProductTiming) -> ProductChoice:
+    """torch's matrix-vector product where it beats the sum-written one by ``MATVEC_MARGIN`` both
+    in the median of the paired rounds and best over best; else the sum-written product.
+
+    Requiring both estimators keeps one disturbed round (another process on the cores during one
+    product's turn) from deciding a shape for the rest of the process."""
+    best = timing.best
+    paired, over_best = timing.paired_ratio, best["matvec"] / best["sum"]
+    evidence = (f"matvec/sum-written time {paired:.2f} (median of {len(timing.rounds)} paired "
+                f"rounds), {over_best:.2f} best over best")  # fmt: skip
+    if paired < MATVEC_MARGIN and over_best < MATVEC_MARGIN:
+        return ProductChoice("matvec", f"{evidence}: both below {MATVEC_MARGIN}")
+    return ProductChoice(
+        "sum", f"{evidence}: not both below {MATVEC_MARGIN}, the fused product stays"
+    )
+
+
 #: The compiled timing graphs of one :class:`CompileState`, by ("sum" | "matvec", shape, dtype).
 TimingFunctions = dict[tuple[str, tuple[int, int], torch.dtype], Callable]
 
@@ -377,14 +419,14 @@ def _timing_function(
 
 def time_products(
     shape: tuple[int, int], dtype: torch.dtype, functions: TimingFunctions
-) -> dict[str, float]:
+) -> ProductTiming:
     """Seconds of one batch-1 product with a weight of ``shape`` (out, in) on the CPU, inside a
     compiled graph: sum-written ("sum") and torch's matrix-vector product ("matvec"); per weight,
-    the best of ``PRODUCT_REPEATS`` interleaved rounds over ``PRODUCT_COPIES`` weights. The
+    in each of ``PRODUCT_REPEATS`` interleaved rounds over ``PRODUCT_COPIES`` weights. The
     graphs are kept in ``functions`` (a :class:`CompileState`'s)."""
     g = torch.Generator().manual_seed(0)
     calls = {name: _timing_function(name, shape, dtype, functions) for name in ("sum", "matvec")}
-    best = dict.fromkeys(calls, float("inf"))
+    rounds = []
     # inference tensors whether or not the caller is in inference mode: one graph per shape
     with torch.inference_mode():
         weights = [torch.randn(shape, generator=g).to(dtype) for _ in range(PRODUCT_COPIES)]
@@ -392,11 +434,13 @@ def time_products(
         for call in calls.values():
             call(x, weights)  # compiles on the shape's first measurement in this process
         for _ in range(PRODUCT_REPEATS):
+            seconds = {}
             for name, call in calls.items():
                 t0 = time.perf_counter()
                 call(x, weights)
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return {name: seconds / PRODUCT_COPIES for name, seconds in best.items()}
+                seconds[name] = (time.perf_counter() - t0) / PRODUCT_COPIES
+            rounds.append(seconds)
+    return ProductTiming(tuple(rounds))
 
 
 class CompileState:
@@ -410,7 +454,7 @@ class CompileState:
     """
 
     def __init__(self) -> None:
-        self.products: dict[tuple[tuple[int, int], torch.dtype], dict[str, float]] = {}
+        self.products: dict[tuple[tuple[int, int], torch.dtype], ProductTiming] = {}
         self.timing_functions: TimingFunctions = {}
         self.storage: tuple[tuple, torch.Tensor] | None = None
         self.functions: dict[tuple, _CompiledFunction] = {}
@@ -437,15 +481,14 @@ class CompileState:
         self, config: RecurrentConfig, dtype: torch.dtype
     ) -> tuple[tuple[int, int], ...]:
         """The weight shapes of ``config`` (its cost model's) whose batch-1 CPU products in
-        ``dtype`` run faster as torch's matrix-vector product than sum-written (by
-        ``MATVEC_MARGIN``), each shape measured once (:func:`time_products`)."""
+        ``dtype`` run faster as torch's matrix-vector product than sum-written
+        (:func:`choose_product`), each shape measured once (:func:`time_products`)."""
         chosen = []
         for shape in sorted(set(config.cost.weight_shapes().values())):
             key = (shape, dtype)
             if key not in self.products:
                 self.products[key] = time_products(shape, dtype, self.timing_functions)
-            timing = self.products[key]
-            if timing["matvec"] < MATVEC_MARGIN * timing["sum"]:
+            if choose_product(self.products[key]).product == "matvec":
                 chosen.append(shape)
         return tuple(chosen)
 

@@ -367,7 +367,7 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
     def fake_timing(shape, dtype, functions):  # torch's product faster for the square shapes only
         calls.append(shape)
         square = shape[0] == shape[1]
-        return {"sum": 2.0 if square else 1.0, "matvec": 1.0 if square else 2.0}
+        return C.ProductTiming(({"sum": 2.0 if square else 1.0, "matvec": 1.0 if square else 2.0},))
 
     monkeypatch.setattr(C, "time_products", fake_timing)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
@@ -392,10 +392,10 @@ def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
     functions: C.TimingFunctions = {}
     with torch._dynamo.config.patch(recompile_limit=1):
         for shape in ((80, 48), (78, 48)):  # four row groups, then one
-            timing = C.time_products(shape, torch.float32, functions)
-            assert set(timing) == {"sum", "matvec"} and all(t > 0 for t in timing.values())
+            best = C.time_products(shape, torch.float32, functions).best
+            assert set(best) == {"sum", "matvec"} and all(t > 0 for t in best.values())
         with torch.inference_mode():  # as generate calls it: the same graph
-            assert C.time_products((80, 48), torch.float32, functions)["sum"] > 0
+            assert C.time_products((80, 48), torch.float32, functions).best["sum"] > 0
         assert torch._dynamo.config.recompile_limit == 1
         assert len(functions) == 4  # two products of two shapes, each built once
         C.time_products((80, 48), torch.float32, {})  # another state's graph of the same shape
@@ -405,10 +405,31 @@ def test_a_matvec_within_the_measurement_margin_leaves_the_sum_written_product(m
     from recurrent_model import compiled as C
 
     def close(shape, dtype, functions):  # torch's product faster, but by less than the margin
-        return {"sum": 1.0, "matvec": (1 + C.MATVEC_MARGIN) / 2}
+        return C.ProductTiming(({"sum": 1.0, "matvec": (1 + C.MATVEC_MARGIN) / 2},))
 
     monkeypatch.setattr(C, "time_products", close)
     assert C.CompileState().matvec_shapes(rm.preset("tiny"), torch.float32) == ()
+
+
+def test_one_disturbed_round_does_not_choose_the_product():
+    from recurrent_model import compiled as C
+
+    def timing(*rounds: tuple[float, float]) -> C.ProductTiming:
+        return C.ProductTiming(tuple({"sum": s, "matvec": m} for s, m in rounds))
+
+    # torch's product faster in every round: chosen, and the reason says by how much
+    choice = C.choose_product(timing(*[(2.0, 1.0)] * 9))
+    assert choice.product == "matvec"
+    assert "0.50 (median of 9 paired rounds), 0.50 best over best: both below 0.9" in choice.reason
+    # another process took the cores during one round's sum-written turn: best over best alone
+    # would pick matvec (1.9 against the disturbed 20), the paired median does not
+    assert C.choose_product(timing(*[(1.0, 2.0)] * 8, (20.0, 1.9))).product == "sum"
+    # one disturbed matvec turn does not hide a product faster in the other rounds
+    assert C.choose_product(timing(*[(2.0, 1.0)] * 8, (2.0, 30.0))).product == "matvec"
+    # the paired median below the margin but not the best rounds: the fused product stays
+    choice = C.choose_product(timing((1.0, 0.5), (1.0, 0.5), (0.2, 0.5)))
+    assert choice.product == "sum"
+    assert "0.50 (median of 3 paired rounds), 2.50 best over best" in choice.reason
 
 
 def test_a_one_row_projection_kept_as_matvec_in_a_compiled_graph_gives_the_product():
