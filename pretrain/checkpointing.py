@@ -47,6 +47,7 @@ import uuid
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +57,18 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from recurrent_model import RecurrentLM
 from recurrent_model.atomic_io import atomic_write_text, publish_directory
 from recurrent_model.checkpoint import (
     INDEX_FILE,
     SINGLE_FILE,
     TIED_HEAD,
     CheckpointError,
-    checked_weight_files,
+    read_config_json,
+    read_headers,
+    weight_files,
 )
+from recurrent_model.config import ConfigError
+from recurrent_model.families import empty_model, family_config, family_of_config
 
 from .integrity import HashingFileSystem
 from .watchdog import PUBLISH_LOCK
@@ -217,9 +221,11 @@ def parameter_names(model: nn.Module) -> dict[int, str]:
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights by Huginn name, as this rank holds them: FSDP2 DTensor shards or plain
-    replicated tensors (DCP writes each replicated tensor once). The tied head is left out."""
-    return {k: v for k, v in model.state_dict().items() if k != TIED_HEAD}
+    """The model's weights by name, as this rank holds them: FSDP2 DTensor shards or plain
+    replicated tensors (DCP writes each replicated tensor once). A head tied to the embedding is
+    left out; an untied one (a converted Llama's) is a weight of its own."""
+    tied = getattr(model.config, "tie_embeddings", True)
+    return {k: v for k, v in model.state_dict().items() if not (tied and k == TIED_HEAD)}
 
 
 def optimizer_tensors(
@@ -506,17 +512,12 @@ def finish_export(directory: Path, plan: dict[str, int]) -> None:
 
 
 def consolidate_checkpoint(checkpoint: Path, directory: Path) -> None:
-    """A checkpoint that was not exported, as a Huginn-layout model directory ``directory``
+    """A checkpoint that was not exported, as a model directory ``directory`` of its family
     (config.json, tokenizer.json, model.safetensors in float32), in one process."""
-    from recurrent_model import RecurrentConfig
-
     if not (checkpoint / SHARDS_DIR).is_dir():
         raise ResumeError(f"{checkpoint} has neither exported weights nor {SHARDS_DIR}/")
     directory.mkdir(parents=True, exist_ok=True)
-    with torch.device("meta"):
-        model = RecurrentLM(
-            RecurrentConfig.from_json(checkpoint / "config.json"), init_weights=False
-        )
+    model = empty_model(saved_model_config(checkpoint))
     plan = plan_files({k: 1 for k in model_tensors(model)}, ranks=1)
     for name in ("config.json", "tokenizer.json"):
         if (checkpoint / name).is_file():
@@ -572,10 +573,17 @@ def _optimizer_source(path: Path) -> Path:
     return path / SHARDS_DIR if (path / SHARDS_DIR).is_dir() else path / OPTIMIZER_DIR
 
 
+def saved_model_config(checkpoint: Path) -> Any:
+    """The config of the model a checkpoint holds (its config.json, read by its family)."""
+    try:
+        return family_config(read_config_json(checkpoint))[1]
+    except (CheckpointError, ConfigError) as exc:
+        raise ResumeError(f"cannot read the model config of {checkpoint}: {exc}") from exc
+
+
 def _check_saved_shapes(source: Path, model: nn.Module) -> None:
     """Every weight of ``model`` is in the shards with its shape (headers only)."""
-    with torch.device("meta"):
-        reference = RecurrentLM(model.config, init_weights=False)  # type: ignore[arg-type]
+    reference = empty_model(model.config)
     saved = saved_keys(source)
     for key, tensor in model_tensors(reference).items():
         if key not in saved:
@@ -594,9 +602,9 @@ def load_model_shards(model: nn.Module, path: Path, process_group: Any = None) -
     source = _model_source(path)
     if source == path:
         try:
-            with torch.device("meta"):
-                reference = RecurrentLM(model.config, init_weights=False)  # type: ignore[arg-type]
-            checked_weight_files(path, reference)
+            reference = empty_model(model.config)
+            module = import_module(f"recurrent_model.{family_of_config(model.config).module}")
+            module.check_against_model(path, reference, read_headers(path, weight_files(path)))
         except CheckpointError as exc:
             raise ResumeError(f"cannot resume from {path}: {exc}") from exc
     else:

@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 
 from cluster.config import ClusterSection, ConfigError, read_yaml, section_from_mapping
+from pretrain.curriculum import CurriculumError, RecurrenceCurriculum, curriculum_from
 from pretrain.data.config import DataConfig
+from pretrain.init_from import InitFromError, check_weights, init_from_config
 from pretrain.precision import PRECISIONS
 from pretrain.strategy import strategy_names
 from recurrent_model import RecurrentConfig, preset
@@ -44,10 +46,15 @@ def _train_config_errors() -> Iterator[None]:
 
 @dataclass
 class ModelSection:
-    """A model preset plus field overrides; vocab_size and block_size follow the data section."""
+    """A model preset plus field overrides; vocab_size and block_size follow the data section.
+
+    ``init_from``: a checkpoint directory to start from (``launch.py --init-from``, e.g. one
+    ``python -m pretrain.retrofit`` wrote); the model is then that checkpoint's (its config.json
+    and weights), and ``overrides`` may only repeat its values."""
 
     preset: str = "small"
     overrides: dict[str, Any] = field(default_factory=dict)
+    init_from: str | None = None
 
 
 @dataclass
@@ -110,6 +117,9 @@ class TrainSection:
     val_every: int = 100
     val_batches: int = 4
     val_depths: list[int] | None = None  # None: 1, 4, 8, r̄, 2r̄
+    # {shape: linear | 1-sqrt, start, steps, target}: r̄ raised over the first steps
+    # (pretrain/curriculum.py); None: r̄ throughout
+    recurrence_curriculum: dict[str, Any] | None = None
     progress: bool = True
     tensorboard: bool = True  # scalars also to OUT/tensorboard
     wandb_project: str | None = None  # W&B when wandb is installed (or set WANDB_PROJECT)
@@ -216,14 +226,48 @@ class TrainConfig:
             raise TrainConfigError(f"train.lr must be > 0, got {t.lr}")
         if t.warmup_steps < 0 or t.cooldown_steps < 0:
             raise TrainConfigError("train.warmup_steps and train.cooldown_steps must be >= 0")
-        if self.model_config().block_size < self.data.block_size:
+        model = self.model_config()
+        if model.block_size < self.data.block_size:
             raise TrainConfigError(
                 f"data.block_size={self.data.block_size} exceeds the model's context "
-                f"(model.overrides.block_size={self.model_config().block_size})"
+                f"({model.block_size} tokens)"
             )
+        if self.model.init_from:
+            self._validate_init_from(model)
+        try:
+            self.curriculum()
+        except CurriculumError as exc:
+            raise TrainConfigError(str(exc)) from None
 
-    def model_config(self) -> RecurrentConfig:
-        """The model's config: the preset, the overrides, the data's vocabulary and block size."""
+    def _validate_init_from(self, model: Any) -> None:
+        """--init-from: the data's vocabulary is the model's, and the model's family trains
+        everything the train section asks for."""
+        if model.vocab_size != self.data.vocab_size:
+            raise TrainConfigError(
+                f"data.vocab_size={self.data.vocab_size} but the --init-from model "
+                f"{self.model.init_from} has vocab_size {model.vocab_size}: set data.vocab_size "
+                "(and data.tokenizer_path to the model's tokenizer)"
+            )
+        try:
+            check_weights(self.model.init_from, model)
+        except InitFromError as exc:
+            raise TrainConfigError(str(exc)) from None
+        if not isinstance(model, RecurrentConfig):
+            for key in ("activation_checkpointing", "compile"):
+                if getattr(self.train, key):
+                    raise TrainConfigError(
+                        f"train.{key} is offered for Huginn's model only, not for the "
+                        f"{type(model).__name__.removesuffix('Config')} model of --init-from"
+                    )
+
+    def model_config(self) -> Any:
+        """The model's config: the preset, the overrides, the data's vocabulary and block size;
+        with ``model.init_from`` the config of that checkpoint (its family's config class)."""
+        if self.model.init_from:
+            try:
+                return init_from_config(self.model.init_from, self.model.overrides)
+            except InitFromError as exc:
+                raise TrainConfigError(str(exc)) from None
         fields = {
             "vocab_size": self.data.vocab_size,
             "block_size": self.data.block_size,
@@ -238,6 +282,12 @@ class TrainConfig:
     def backprop_depth(self) -> int:
         k = self.train.backprop_depth
         return self.model_config().mean_backprop_depth if k is None else int(k)
+
+    def curriculum(self) -> RecurrenceCurriculum | None:
+        """``train.recurrence_curriculum`` (its target defaults to the model's r̄), or None."""
+        return curriculum_from(
+            self.train.recurrence_curriculum, self.model_config().mean_recurrence
+        )
 
     def val_depths(self) -> list[int]:
         if self.train.val_depths is not None:
@@ -263,13 +313,57 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = yaml.safe_load(value)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML config (default: cpu-small.yaml) and apply ``--set`` overrides."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    init_from: str | None = None,
+) -> TrainConfig:
+    """Read a YAML config (default: cpu-small.yaml) and apply ``--set`` overrides. ``init_from``
+    (or a ``model.init_from`` of the file or of ``--set``): the model section is that
+    checkpoint's, and a ``--set model.*`` that would change it is refused."""
     with _train_config_errors():
         raw = copy.deepcopy(read_yaml(path if path is not None else DEFAULT_CONFIG))
-    for assignment in overrides or []:
+    if not isinstance(raw, dict):
+        raise TrainConfigError(f"a training config is a mapping, got {type(raw).__name__}")
+    overrides = list(overrides or [])
+    if init_from is not None:
+        overrides.append(f"model.init_from={init_from}")
+    start = _init_from_setting(raw, overrides)
+    if start:
+        raw["model"] = {"init_from": start}
+    for assignment in overrides:
         apply_override(raw, assignment)
+    if start:
+        _refuse_model_settings(raw["model"], start)
+        tokenizer = Path(start) / "tokenizer.json"
+        data = raw.setdefault("data", {}) or {}
+        if isinstance(data, dict) and data.get("tokenizer_path") is None and tokenizer.is_file():
+            data["tokenizer_path"] = str(Path(start))
+            raw["data"] = data
     return TrainConfig.from_dict(raw)
+
+
+def _init_from_setting(raw: dict[str, Any], overrides: list[str]) -> str | None:
+    """The checkpoint a run starts from: the last ``--set model.init_from``, else the file's."""
+    for assignment in reversed(overrides):
+        key, _, value = assignment.partition("=")
+        if key.strip() == "model.init_from":
+            chosen = yaml.safe_load(value)
+            return None if chosen is None else str(chosen)
+    model = raw.get("model")
+    chosen = model.get("init_from") if isinstance(model, dict) else None
+    return None if chosen is None else str(chosen)
+
+
+def _refuse_model_settings(model: Any, start: str) -> None:
+    """With --init-from only ``model.overrides`` may be set (each checked against the
+    checkpoint's config later); a preset names another model."""
+    extra = sorted(set(model) - {"init_from", "overrides"}) if isinstance(model, dict) else []
+    if extra:
+        raise TrainConfigError(
+            f"--set model.{extra[0]} conflicts with --init-from {start}: the model is that "
+            "checkpoint's (its config.json)"
+        )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -287,6 +381,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a dotted config key, e.g. --set train.lr=3e-4 (repeatable)",
     )
     parser.add_argument("--out", default=None, help="run directory (default runs/<config name>)")
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        metavar="CHECKPOINT",
+        help="start from this checkpoint's weights (fresh optimizer, step 0), e.g. one "
+        "python -m pretrain.retrofit wrote; the model section is its config.json",
+    )
 
 
 def run_directory(out: str | None, config_path: str) -> Path:

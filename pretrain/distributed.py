@@ -20,8 +20,10 @@ import torch.distributed as dist
 from torch import nn
 
 from cluster.context import DistContext
-from recurrent_model import RecurrentConfig, RecurrentLM
+from recurrent_model import RecurrentLM
+from recurrent_model.families import empty_model
 
+from .init_from import stored_tensors
 from .precision import Precision
 
 if TYPE_CHECKING:
@@ -81,37 +83,59 @@ def shard_model(model: RecurrentLM, mesh: Any, precision: Precision) -> None:
 
 
 def build_model(
-    config: RecurrentConfig,
+    config: Any,
     ctx: DistContext,
     precision: Precision,
     strategy: Strategy,
     seed: int,
     activation_checkpointing: bool = False,
     compile_blocks: bool = False,
-) -> tuple[RecurrentLM, nn.Module]:
-    """The model and what the step calls (``strategy.wrap``: DDP's wrapper, or the model): built on
-    the meta device, sharded by the strategy, materialised on this rank's device, then initialised
-    shard by shard with the weights a full ``reset_parameters(generator=Generator().manual_seed(seed))``
-    gives. No rank ever holds the whole model on the host: the initialiser fills one full-size host
-    tensor at a time and keeps the slice this rank owns (``get_strategy`` of pretrain/strategy.py
-    turns a name into a strategy)."""
-    with torch.device("meta"):
-        model = RecurrentLM(config, init_weights=False)
-    model.activation_checkpointing = activation_checkpointing
-    if compile_blocks:
-        model.compile_blocks()
+    init_from: str | None = None,
+) -> tuple[nn.Module, nn.Module]:
+    """The model of ``config``'s family (recurrent_model.families) and what the step calls
+    (``strategy.wrap``: DDP's wrapper, or the model): built on the meta device, sharded by the
+    strategy, materialised on this rank's device, then filled shard by shard: with the weights a
+    full ``reset_parameters(generator=Generator().manual_seed(seed))`` gives, or with the stored
+    weights of the ``init_from`` checkpoint. No rank ever holds the whole model on the host: one
+    full-size host tensor at a time, of which it keeps the slice it owns (``get_strategy`` of
+    pretrain/strategy.py turns a name into a strategy). Activation checkpointing and compiled
+    blocks are Huginn's model's (pretrain/config.py refuses them for another family)."""
+    model = empty_model(config)
+    if isinstance(model, RecurrentLM):
+        model.activation_checkpointing = activation_checkpointing
+        if compile_blocks:
+            model.compile_blocks()
     strategy.shard(model, ctx, precision)
     materialise(model, ctx.device)
-    init_parameters(model, seed)
+    if init_from is None:
+        init_parameters(model, seed)
+    else:
+        load_parameters(model, init_from)
     return model, strategy.wrap(model, ctx)
 
 
-def materialise(model: RecurrentLM, device: torch.device) -> None:
-    """Allocate a meta-device model's (local) parameters on ``device``, uninitialised, keeping the
-    embedding and the output head one tensor (``to_empty`` on a plain module unties them)."""
+def materialise(model: nn.Module, device: torch.device) -> None:
+    """Allocate a meta-device model's (local) parameters on ``device``, uninitialised, keeping a
+    tied embedding and output head one tensor (``to_empty`` on a plain module unties them)."""
     model.to_empty(device=device)
-    if model.lm_head.weight is not model.transformer.wte.weight:
-        model.lm_head.weight = model.transformer.wte.weight
+    tied = model.config.tie_embeddings  # type: ignore[union-attr]
+    if tied and model.lm_head.weight is not model.transformer.wte.weight:  # type: ignore[union-attr]
+        model.lm_head.weight = model.transformer.wte.weight  # type: ignore[union-attr]
+
+
+@torch.no_grad()
+def load_parameters(model: nn.Module, directory: str) -> None:
+    """Fill the (possibly sharded) parameters from a checkpoint's stored tensors (its names and
+    shapes were checked with the config: pretrain/init_from.py), one full tensor at a time, each
+    cast to the parameter's dtype; RuntimeError naming any parameter it does not store."""
+    params = dict(model.named_parameters())  # a tied head appears once, as the embedding
+    filled = set()
+    for name, full in stored_tensors(directory, set(params)):
+        copy_owned_slice(params[name], full.to(params[name].dtype))
+        filled.add(name)
+    missing = sorted(set(params) - filled)
+    if missing:
+        raise RuntimeError(f"{directory} stores no {', '.join(missing[:3])}")
 
 
 class _OneFullTensorAtATime:

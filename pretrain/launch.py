@@ -1,11 +1,12 @@
 """Pretrain a recurrent-depth model: ``python pretrain/launch.py [--config FILE] [--set k=v ...]
-[--out DIR] [--resume] [--max-steps N] [--nproc N] [--callback MODULE:NAME] [--slurm-script]
-[--plan]``.
+[--out DIR] [--init-from CHECKPOINT] [--resume] [--max-steps N] [--nproc N] [--callback
+MODULE:NAME] [--slurm-script] [--plan]``.
 
 With no arguments it trains pretrain/configs/cpu-small.yaml on the embedded starter corpus into
 runs/cpu-small. ``--nproc N`` re-launches as N local ranks through torchrun; under SLURM
 (SLURM_PROCID set) the ranks come from SLURM's variables; ``--slurm-script`` prints the sbatch script;
 ``--plan`` prints the per-device memory plan (pretrain/plan.py) and exits 0 when the step fits.
+``--init-from`` starts from a converted checkpoint's weights (pretrain/init_from.py).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         # torchrun's ranks read the config themselves
         return relaunch_with_torchrun(args.nproc, strip_nproc(raw_argv), script=__file__)
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_config(args.config, args.overrides, args.init_from)
     except TrainConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -138,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.slurm_script:
         from pretrain.sbatch import sbatch_script
 
-        print(sbatch_script(config, args.config, args.overrides), end="")
+        settings = args.overrides + (
+            [f"model.init_from={args.init_from}"] if args.init_from else []
+        )
+        print(sbatch_script(config, args.config, settings), end="")
         return 0
     out = run_directory(args.out, args.config)
     from pretrain.callbacks import CallbackError, load_callback
@@ -178,7 +182,15 @@ def print_plan(config, args: argparse.Namespace) -> int:
     """Print the memory plan; 0 when the step fits on the device, 3 (and one line) when not."""
     from dataclasses import replace
 
-    from pretrain.plan import PlanError, format_plan, plan_all, resolve_device, verdict
+    from pretrain.plan import (
+        PlanError,
+        format_plan,
+        plan_all,
+        plan_precision,
+        resolve_device,
+        verdict,
+    )
+    from pretrain.plan_compute import compute_plan, format_compute
     from pretrain.plan_host import format_host_plan, host_plan_for
 
     on_cpu = config.train.device == "cpu"
@@ -198,6 +210,8 @@ def print_plan(config, args: argparse.Namespace) -> int:
     plan = plans[config.distributed.strategy]
     print(format_plan(plan, plans))
     print(format_host_plan(host))
+    compute = compute_plan(config, nodes * gpus, device.name, plan_precision(config, device).bf16)
+    print(format_compute(compute, device.label))
     line = verdict(plan, plans)
     if plan.fits:
         print(line)

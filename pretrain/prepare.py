@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_config(args.config, args.overrides, args.init_from)
     except TrainConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

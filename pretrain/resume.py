@@ -16,13 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError
 from torch.distributed.checkpoint.api import CheckpointException
 
 from cluster.context import DistContext
-from recurrent_model import RecurrentConfig, RecurrentLM
 from recurrent_model.atomic_io import atomic_write_text
+from recurrent_model.families import empty_model, family_of_config
 
 from .checkpointing import (
     LATEST,
@@ -33,6 +32,7 @@ from .checkpointing import (
     read_state,
     rewind_metrics,
     saved_keys,
+    saved_model_config,
 )
 from .integrity import MANIFEST, IntegrityError, part_of, read_manifest, verify_files
 
@@ -93,11 +93,9 @@ def check_optimizer_state(path: Path, state: dict[str, Any], parameters: set[str
         )
 
 
-def parameter_shapes(config: RecurrentConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of a model with ``config`` (built on the meta device)."""
-    with torch.device("meta"):
-        model = RecurrentLM(config, init_weights=False)
-    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+def parameter_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of a model with ``config`` (its family's, on the meta device)."""
+    return {name: tuple(p.shape) for name, p in empty_model(config).state_dict().items()}
 
 
 # Identity -----------------------------------------------------------------------------------------
@@ -126,14 +124,20 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, 
 def check_identity(
     path: Path,
     state: dict[str, Any],
-    model_config: RecurrentConfig,
+    model_config: Any,
     corpus_hash: str,
     tokenizer_hash: str,
     allow_data_change: bool,
 ) -> list[str]:
     """Refuse (IdentityError) a changed model shape, and a changed corpus or tokenizer unless
     ``allow_data_change``; returns the data changes that were allowed."""
-    saved_model = RecurrentConfig.from_json(path / "config.json")
+    saved_model = saved_model_config(path)
+    saved_family, family = family_of_config(saved_model), family_of_config(model_config)
+    if saved_family != family:
+        raise IdentityError(
+            f"cannot resume from {path.name}: it holds a {saved_family.name} model, this run's "
+            f"config a {family.name} one; resume with the same --config, --set and --init-from"
+        )
     if parameter_shapes(saved_model) != parameter_shapes(model_config):
         fields = config_changes(saved_model.to_dict(), model_config.to_dict())
         diff = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in fields.items())

@@ -32,6 +32,7 @@ from .checkpointing import (
     restore_rng,
 )
 from .config import TrainConfig
+from .curriculum import mean_recurrence_at
 from .distributed import build_model, local_optimizer, preflight_all_reduce
 from .integrity import nonfinite_tensor
 from .loss_guard import LossGuard
@@ -174,6 +175,7 @@ class Trainer:
         data_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else self.out / "data"
         self.prepared = prepare(cfg, data_dir, self.ctx, t.progress and self.ctx.is_main)
         self.model_config = cfg.model_config()
+        self.curriculum = cfg.curriculum()
         if self.prepared.vocab_size != self.model_config.vocab_size:
             raise TrainingError(
                 f"the prepared data has vocab_size {self.prepared.vocab_size} but the model "
@@ -239,6 +241,7 @@ class Trainer:
             seed=t.seed,
             activation_checkpointing=t.activation_checkpointing,
             compile_blocks=t.compile,
+            init_from=cfg.model.init_from,
         )
         self.model.tokenizer = HuginnTokenizer.from_file(self.prepared.tokenizer_path)
         self.params = list(dict.fromkeys(self.model.parameters()))  # FSDP swaps in DTensors
@@ -291,6 +294,7 @@ class Trainer:
             "command": " ".join(sys.argv),
             "config": self.config.to_dict(),
             "model": self.model_config.to_dict(),
+            "init_from": self.config.model.init_from,
             "parameters": self.model.num_parameters(),
             "corpus_hash": self.prepared.corpus_hash,
             "train_rows": self.prepared.train_rows,
@@ -449,9 +453,10 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """Forward/backward over grad_accum micro-batches at the lock-step depth, then one update."""
         t = self.train_cfg
-        depth = sample_depth(
-            self.step, self.model_config.mean_recurrence, self.config.backprop_depth, seed=t.seed
+        mean_recurrence = mean_recurrence_at(
+            self.curriculum, self.model_config.mean_recurrence, self.step
         )
+        depth = sample_depth(self.step, mean_recurrence, self.config.backprop_depth, seed=t.seed)
         self.wrapped.train()
         start = time.perf_counter()
         total_loss = self._forward_backward(depth)
@@ -478,6 +483,7 @@ class Trainer:
             "loss": loss_value,
             "grad_norm": grad_norm,
             "lr": lr,
+            "mean_recurrence": mean_recurrence,
             "depth_no_grad": depth.no_grad,
             "depth_grad": depth.grad,
             "tokens": self.tokens,

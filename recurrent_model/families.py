@@ -25,12 +25,23 @@ from .config import ConfigError
 class Family:
     """One family: its name as the app and the docs show it, the ``model_type`` its config.json
     carries, the module whose ``load_family`` reads it, and, where several families share a
-    ``model_type``, the module's ``claims(raw_config)`` says which configs are its own."""
+    ``model_type``, the module's ``claims(raw_config)`` says which configs are its own.
+    ``classes`` names the config and model classes ("module:Name"); ``trains``: the pretraining
+    pipeline (pretrain/trainer.py) trains this family's model (its forward takes ``labels``,
+    ``generator`` and ``backprop_depth``)."""
 
     name: str
     model_type: str
     module: str
+    classes: tuple[str, str]
     shares_model_type: bool = False
+    trains: bool = False
+
+    def config_class(self) -> type:
+        return _attribute(self.classes[0])
+
+    def model_class(self) -> type:
+        return _attribute(self.classes[1])
 
     def claims(self, raw_config: dict[str, Any]) -> bool:
         if raw_config.get("model_type", DEFAULT_MODEL_TYPE) != self.model_type:
@@ -43,9 +54,22 @@ class Family:
 #: In the order they are asked: a family that shares its ``model_type`` comes before the one
 #: that takes the rest of that type.
 FAMILIES = (
-    Family("Ouro", "ouro", "ouro"),
-    Family("Retrofitted", "huginn_raven", "retrofit", shares_model_type=True),
-    Family("Huginn", "huginn_raven", "checkpoint"),
+    Family("Ouro", "ouro", "ouro", ("ouro:OuroConfig", "ouro:OuroLM")),
+    Family(
+        "Retrofitted",
+        "huginn_raven",
+        "retrofit",
+        ("retrofit:RetrofitConfig", "retrofit:RetrofitLM"),
+        shares_model_type=True,
+        trains=True,
+    ),  # fmt: skip
+    Family(
+        "Huginn",
+        "huginn_raven",
+        "checkpoint",
+        ("config:RecurrentConfig", "model:RecurrentLM"),
+        trains=True,
+    ),  # fmt: skip
 )
 #: config.json files written before ``model_type`` was required are Huginn's layout.
 DEFAULT_MODEL_TYPE = "huginn_raven"
@@ -83,3 +107,31 @@ def load_model(
     family = family_of(raw)
     load = import_module(f".{family.module}", __package__).load_family
     return load(directory, raw, label, device, dtype, require_tokenizer)
+
+
+def _attribute(path: str) -> Any:
+    """``"module:Name"`` of this package -> the object."""
+    module, _, name = path.partition(":")
+    return getattr(import_module(f".{module}", __package__), name)
+
+
+def family_config(raw_config: dict[str, Any]) -> tuple[Family, Any]:
+    """The family that claims a config.json mapping and its config object read from it
+    (ConfigError naming the problem otherwise)."""
+    family = family_of(raw_config)
+    return family, family.config_class().from_dict(raw_config)
+
+
+def family_of_config(config: Any) -> Family:
+    """The family whose config class ``config`` is (ValueError for anything else)."""
+    for family in FAMILIES:
+        if type(config) is family.config_class():
+            return family
+    raise ValueError(f"{type(config).__name__} is the config of no family here")
+
+
+def empty_model(config: Any) -> Any:
+    """The model of ``config``'s family on the meta device: names and shapes, no storage (the
+    caller materialises and fills it)."""
+    with torch.device("meta"):
+        return family_of_config(config).model_class()(config)

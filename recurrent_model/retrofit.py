@@ -44,6 +44,7 @@ from .checkpoint import (
 )
 from .config import ConfigError, ContextLengthError
 from .cost import CostLayout, ModelCost
+from .depth import split_depth
 from .hooked import HookedModel
 from .hooks import HookPoint
 from .llama_layers import RMSNorm, SlotCache, attention, rope_table, split_heads, swiglu
@@ -227,6 +228,9 @@ class RetrofitConfig:
             "torch_dtype": self.torch_dtype,
             "name": self.name,
         }
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def replace(self, **changes: Any) -> RetrofitConfig:
         return dataclasses.replace(self, **changes)
@@ -514,18 +518,25 @@ class RetrofitLM(HookedModel):
         init_scale: float = 1.0,
         labels: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        backprop_depth: int | None = None,
         *,
         cache: SlotCache | None = None,
         start: int = 0,
     ) -> ModelOutput:
         """Logits and latents for ``input_ids`` (B, T) after ``num_steps`` core iterations (None:
-        the config's mean recurrence). init_state (B, T, h) replaces the random s_0. ``cache``
-        holds every layer call's keys and values; ``start`` is the position of the first token."""
+        the config's mean recurrence). init_state (B, T, h) replaces the random s_0. backprop_depth
+        k: in training mode only the last k iterations carry gradient (default: the config's
+        mean_backprop_depth, as the published training truncates); in eval mode every iteration
+        does unless k is given. ``cache`` holds every layer call's keys and values; ``start`` is
+        the position of the first token."""
         if input_ids.dim() != 2:
             raise ValueError(
                 f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}"
             )
         steps = _checked_steps(self.default_steps() if num_steps is None else num_steps)
+        if backprop_depth is None and self.training:
+            backprop_depth = self.config.mean_backprop_depth
+        no_grad_steps = split_depth(steps, backprop_depth).no_grad
         rope = self.rope_at(start, input_ids.shape[1])
         if cache is not None:
             cache.begin(start)
@@ -540,7 +551,8 @@ class RetrofitLM(HookedModel):
             state = init_state.to(device=e.device, dtype=e.dtype)
         state = self.hook_state(state, 0)
         for step in range(1, steps + 1):
-            state = self.core_step(state, e, rope, step, cache)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and step > no_grad_steps):
+                state = self.core_step(state, e, rope, step, cache)
         logits, latents = self.coda(state, rope, cache, steps)
         loss = None
         if labels is not None:
