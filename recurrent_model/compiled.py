@@ -515,6 +515,16 @@ class CompileState:
         held = self.functions[(which, key)] = _CompiledFunction(call, recorder)
         return held
 
+    def first_call(self, key: tuple, call: Callable, *args: Any) -> tuple[Any, float]:
+        """``call(*args)`` and the seconds it took when graph ``key`` compiles in it (its first
+        call in this state), else 0."""
+        if key in self.compiled:
+            return call(*args), 0.0
+        t0 = time.perf_counter()
+        out = call(*args)
+        self.compiled.add(key)
+        return out, time.perf_counter() - t0
+
     def _direct_calls(self) -> bool:
         if direct_calls_supported():
             return True
@@ -732,13 +742,8 @@ class CompiledDecode:
         return out
 
     def _timed(self, key: tuple, call: Callable, args: tuple) -> Any:
-        """``call(*args)``, adding its time to ``compile_seconds`` when ``key`` compiles now."""
-        if key in self.state.compiled:
-            return call(*args)
-        t0 = time.perf_counter()
-        out = call(*args)
-        self.state.compiled.add(key)
-        self.compile_seconds += time.perf_counter() - t0
+        out, seconds = self.state.first_call(key, call, *args)
+        self.compile_seconds += seconds
         return out
 
     def _prefill(

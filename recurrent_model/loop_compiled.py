@@ -18,7 +18,6 @@ A compiled token has no hook points: generation refuses ``compile=True`` while h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -163,13 +162,8 @@ class LoopDecode:
         return held.call
 
     def _timed(self, key: tuple, call: Callable, *args: Any) -> Any:
-        """``call(*args)``, adding its time to ``compile_seconds`` when ``key`` compiles now."""
-        if key in self.state.compiled:
-            return call(*args)
-        t0 = time.perf_counter()
-        out = call(*args)
-        self.state.compiled.add(key)
-        self.compile_seconds += time.perf_counter() - t0
+        out, seconds = self.state.first_call(key, call, *args)
+        self.compile_seconds += seconds
         return out
 
     @torch.inference_mode()
