@@ -32,7 +32,7 @@ from recurrent_model.speed import linear_speed  # noqa: E402
 from workbench.collect import initial_states, run_states  # noqa: E402
 from workbench.corpus import read_prompts  # noqa: E402
 from workbench.corpus.analyses import Settings, default_lens_steps  # noqa: E402
-from workbench.corpus.engine import analyse_unit, batch_token_budget  # noqa: E402
+from workbench.corpus.engine import analyse_units, batch_token_budget  # noqa: E402
 from workbench.corpus.units import batches, make_units, tokenize  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def forward_only(model, units, settings, budget) -> tuple[float, int]:
 
 def engine(model, units, settings, budget) -> tuple[float, int]:
     started = time.perf_counter()
-    rows = sum(len(analyse_unit(model, u, settings, budget)) for u in units)
+    rows = sum(len(frame) for _, frame in analyse_units(model, units, settings, budget))
     return time.perf_counter() - started, rows
 
 

@@ -20,12 +20,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from recurrent_model.functional import rms_norm
+
 from ..dynamics import classify_dynamics
 from ..lenses import lens_logits
 from ..path_independence import _pairwise_mean_distance
-from ..trajectory import rms_normalize
 from .heldout import token_category
-from .units import Tokenized
+from .units import Run, Tokenized
 
 ANALYSES = ("dynamics", "lens", "seeds", "stability")
 DYNAMICS_COLUMNS = [
@@ -60,11 +61,18 @@ class Settings:
             raise ValueError(f"--lens-steps must lie in 0..{self.num_steps}, got {bad}")
 
 
-def steps_to_converge(states: np.ndarray, eps: float) -> np.ndarray:
+def steps_to_converge(states: np.ndarray, eps: float, chunk: int = 256) -> np.ndarray:
     """Per position of states (steps + 1, T, h): the first step i from which every relative step
-    ‖z_j − z_{j−1}‖/‖z_j‖ (j ≥ i) is below ``eps`` (1 if all are); NaN when the last one is not."""
-    z = states.astype(np.float64)
-    rel = np.linalg.norm(np.diff(z, axis=0), axis=-1) / np.linalg.norm(z[1:], axis=-1)
+    ‖z_j − z_{j−1}‖/‖z_j‖ (j ≥ i) is below ``eps`` (1 if all are); NaN when the last one is not.
+    Computed ``chunk`` positions at a time (float64 copies of a few positions, not of all)."""
+    rel = np.concatenate(
+        [
+            _relative_steps(states[:, start : start + chunk])
+            for start in range(0, states.shape[1], chunk)
+        ]
+        or [np.zeros((states.shape[0] - 1, 0))],
+        axis=1,
+    )
     above = ~(rel < eps)  # (steps, T); step j + 1 for row j
     steps = rel.shape[0]
     last = np.where(above.any(axis=0), steps - 1 - np.argmax(above[::-1], axis=0), -1)
@@ -73,37 +81,70 @@ def steps_to_converge(states: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
+def _relative_steps(states: np.ndarray) -> np.ndarray:
+    z = states.astype(np.float64)
+    return np.linalg.norm(np.diff(z, axis=0), axis=-1) / np.linalg.norm(z[1:], axis=-1)
+
+
 def dynamics_rows(
-    run: Tokenized, seed: int, states: np.ndarray, tokens: list[str], eps: float
+    runs: Sequence[Run], states: np.ndarray, tokens: Sequence[Sequence[str]], eps: float
 ) -> pd.DataFrame:
-    """The dynamics columns of one (prompt, seed) run from its normalised states (steps + 1, T, h)."""
-    frame = classify_dynamics(states, tokens=tokens)[DYNAMICS_COLUMNS].reset_index(drop=True)
-    source = run.prompt.source
-    frame.insert(0, "position", np.arange(len(tokens), dtype=np.int32))
-    frame.insert(0, "seed", np.int32(seed))
-    frame.insert(0, "prompt_id", run.prompt.id)
-    frame.insert(0, "source", source)
-    frame.insert(5, "token_id", np.asarray(run.ids, dtype=np.int64))
-    frame["category"] = [token_category(t, source) for t in tokens]
+    """The dynamics columns of several (prompt, seed) runs, in run order, from their normalised
+    states side by side on the token axis (steps + 1, ΣT, h) and each run's token strings.
+
+    One ``classify_dynamics`` call for all: a token's row depends on its own states only, so each
+    run's rows are the bits ``classify_dynamics`` gives on that run alone."""
+    lengths = [len(item.ids) for item, _ in runs]
+    flat = [token for run_tokens in tokens for token in run_tokens]
+    frame = classify_dynamics(states, tokens=flat, diagnostics=False)[DYNAMICS_COLUMNS]
+    frame = frame.reset_index(drop=True)
+    sources = np.repeat([item.prompt.source for item, _ in runs], lengths)
+    frame.insert(0, "position", np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]))
+    frame.insert(0, "seed", np.repeat(np.array([seed for _, seed in runs], np.int32), lengths))
+    frame.insert(0, "prompt_id", np.repeat([item.prompt.id for item, _ in runs], lengths))
+    frame.insert(0, "source", sources)
+    frame.insert(
+        5, "token_id", np.concatenate([np.asarray(item.ids, np.int64) for item, _ in runs])
+    )
+    frame["category"] = [token_category(t, source) for t, source in zip(flat, sources)]
     frame["steps_to_converge"] = steps_to_converge(states, eps)
-    frame["difficulty"] = run.prompt.difficulty
+    frame["difficulty"] = np.repeat([item.prompt.difficulty for item, _ in runs], lengths)
     return frame
 
 
 @torch.no_grad()
 def lens_columns(
-    model: torch.nn.Module, raw: torch.Tensor, steps: Sequence[int]
-) -> dict[str, np.ndarray]:
-    """Coda-lens KL to the final prediction and entropy at ``steps``, from raw states
-    (steps + 1, T, h) on the model's device: ``lens_kl_{s}`` and ``lens_entropy_{s}`` (T,) each."""
-    final = torch.log_softmax(lens_logits(model, raw[-1:], "coda")[0], dim=-1)
-    logp = torch.log_softmax(lens_logits(model, raw[list(steps)], "coda"), dim=-1)
-    kl = (final.exp() * (final - logp)).sum(-1).clamp_min(0.0)
-    entropy = -(logp.exp() * logp).sum(-1)
-    out: dict[str, np.ndarray] = {}
+    model: torch.nn.Module,
+    raw: torch.Tensor,
+    valid: torch.Tensor,
+    steps: Sequence[int],
+    chunk_bytes: int = 2**28,
+) -> dict[str, torch.Tensor]:
+    """Coda-lens KL to the final prediction and entropy at ``steps`` of a batch: raw states
+    (steps + 1, B, W, h) in the aligned layout on the model's device, ``valid`` (B, W) its real
+    positions. ``lens_kl_{s}`` and ``lens_entropy_{s}``, each (ΣT,) on the device in run order.
+
+    The runs go through the coda together, as many at a time as keep the logits within
+    ``chunk_bytes``; each run keeps its aligned rows, so its numbers do not depend on the others."""
+    picks = [*steps, raw.shape[0] - 1]  # the final state last
+    width = raw.shape[2]
+    per_run = len(picks) * width * model.config.vocab_size * 4 * 3
+    chunk = max(1, chunk_bytes // per_run)
+    kl, entropy = [], []
+    for start in range(0, raw.shape[1], chunk):
+        x = raw[picks, start : start + chunk].to(model.dtype).flatten(0, 1)
+        logp = torch.log_softmax(lens_logits(model, x, "coda"), dim=-1)
+        logp = logp.unflatten(0, (len(picks), -1))
+        final, logp = logp[-1], logp[:-1]
+        kl.append(
+            (final.exp() * (final - logp)).sum(-1).clamp_min(0.0)[:, valid[start : start + chunk]]
+        )
+        entropy.append(-(logp.exp() * logp).sum(-1)[:, valid[start : start + chunk]])
+    kl, entropy = torch.cat(kl, 1).float(), torch.cat(entropy, 1).float()
+    out: dict[str, torch.Tensor] = {}
     for i, step in enumerate(steps):
-        out[f"lens_kl_{step}"] = kl[i].float().cpu().numpy()
-        out[f"lens_entropy_{step}"] = entropy[i].float().cpu().numpy()
+        out[f"lens_kl_{step}"] = kl[i]
+        out[f"lens_entropy_{step}"] = entropy[i]
     return out
 
 
@@ -131,13 +172,14 @@ def stability_columns(model, run: Tokenized, num_steps: int) -> dict[str, np.nda
     }
 
 
-def normalise(model: torch.nn.Module, raw: np.ndarray) -> np.ndarray:
-    """The family's normalised view of raw states (Huginn: ln_f), exactly as ``Trajectory.states``
-    computes it; states a family has normalised already stay as they are."""
+def normalise(model: torch.nn.Module, raw: torch.Tensor) -> torch.Tensor:
+    """The family's normalised view of raw states (Huginn: ln_f) on their device, with the
+    arithmetic of ``Trajectory.states``; states a family has normalised already stay as they
+    are."""
     norm = model.state_norm()
     if norm is None:
         return raw
-    return rms_normalize(raw, norm.weight.detach().float().cpu().numpy(), float(norm.eps))
+    return rms_norm(raw.float(), norm.weight.detach().float(), float(norm.eps))
 
 
 def default_lens_steps(num_steps: int, mean_recurrence: int) -> tuple[int, ...]:

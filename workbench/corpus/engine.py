@@ -14,6 +14,9 @@ import hashlib
 import json
 import sys
 import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -104,50 +107,117 @@ def batch_token_budget(model: rm.RecurrentLM, num_steps: int, cap: int | None) -
     return max(16, min(budget, cap) if cap else budget)
 
 
-def analyse_batch(
-    model: rm.RecurrentLM, runs: list[Run], settings: Settings, tick=None
-) -> tuple[list[pd.DataFrame], dict[str, np.ndarray]]:
-    """Run one batch and analyse every (prompt, seed) run in it: its rows, and each prompt's final
-    normalised state per seed (for the seeds analysis). ``tick(tokens)`` after each run."""
+@dataclass
+class _Batch:
+    """What a batch's forward hands to the host thread: the runs with their token strings, their
+    normalised states side by side on the token axis (steps + 1, ΣT, h) and their lens columns."""
+
+    runs: list[Run]
+    tokens: list[list[str]]
+    states: np.ndarray
+    lens: dict[str, np.ndarray]
+
+
+def _run_batch(model: rm.RecurrentLM, runs: list[Run], settings: Settings) -> _Batch:
+    """The batch's forward, its lens, and its real positions normalised, on the model's device;
+    one copy to the host."""
     h = model.config.n_embd
     starts = [initial_states(model, [(seed, settings.init_scale)], (len(item.ids), h))
               for item, seed in runs]  # fmt: skip
     init = None if starts[0] is None else [s[0] for s in starts]
     prompts = [torch.tensor(item.ids) for item, _ in runs]
     raw = run_states(model, prompts, init, settings.num_steps, cache_device=None)
-    frames: list[pd.DataFrame] = []
-    finals: dict[str, np.ndarray] = {}
-    for row, (item, seed) in enumerate(runs):
-        length = len(item.ids)
-        states = normalise(model, raw[:, row, :length].cpu().numpy())
-        frame = dynamics_rows(item, seed, states, token_strings(model, item.ids), settings.eps)
-        if "lens" in settings.analyses:
-            lens = lens_columns(model, raw[:, row, :length].to(model.dtype), settings.lens_steps)
-            frame = frame.assign(**lens)
-        frames.append(frame)
-        finals[f"{item.prompt.id}:{seed}"] = states[-1]
-        if tick is not None:
-            tick(length)
-    return frames, finals
+    lengths = torch.tensor([len(item.ids) for item, _ in runs], device=raw.device)
+    valid = torch.arange(raw.shape[2], device=raw.device) < lengths[:, None]  # (B, W)
+    lens = {}
+    if "lens" in settings.analyses:
+        lens = lens_columns(model, raw, valid, settings.lens_steps)
+    states = normalise(model, raw[:, valid])
+    tokens = [token_strings(model, item.ids) for item, _ in runs]
+    lens = {name: column.cpu().numpy() for name, column in lens.items()}
+    return _Batch(runs, tokens, states.cpu().numpy(), lens)
 
 
-def analyse_unit(
-    model: rm.RecurrentLM, unit: Unit, settings: Settings, batch_tokens: int, tick=None
-) -> pd.DataFrame:
-    """Every row of one unit, in (prompt order, seed, position) order."""
-    frames: list[pd.DataFrame] = []
-    finals: dict[str, np.ndarray] = {}
-    for runs in batches(unit, settings.seeds, model.config.block_size, batch_tokens):
-        got, last = analyse_batch(model, runs, settings, tick)
-        frames += got
-        finals.update(last)
-    frame = pd.concat(frames, ignore_index=True)
-    order = {t.prompt.id: i for i, t in enumerate(unit.prompts)}
-    frame = frame.sort_values(
-        ["prompt_id", "seed", "position"],
-        key=lambda c: c.map(order) if c.name == "prompt_id" else c,
-    ).reset_index(drop=True)
-    return _prompt_columns(model, unit, settings, frame, finals)
+def _batch_rows(batch: _Batch, eps: float) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """The batch's rows and each run's final normalised state (for the seeds analysis), keyed
+    ``prompt_id:seed``: the host's numpy work, run beside the next batch's forward."""
+    frame = dynamics_rows(batch.runs, batch.states, batch.tokens, eps).assign(**batch.lens)
+    offsets = np.cumsum([0] + [len(item.ids) for item, _ in batch.runs])
+    finals = {f"{item.prompt.id}:{seed}": batch.states[-1, start:end]
+              for (item, seed), start, end in zip(batch.runs, offsets, offsets[1:])}  # fmt: skip
+    return frame, finals
+
+
+class UnitFailed(Exception):
+    """A unit's analysis raised (the cause is chained)."""
+
+    def __init__(self, unit: Unit) -> None:
+        super().__init__(f"unit {unit.index}")
+        self.unit = unit
+
+
+def analyse_units(
+    model: rm.RecurrentLM,
+    units: Sequence[Unit],
+    settings: Settings,
+    batch_tokens: int,
+    tick: Callable[[int], None] | None = None,
+    ahead: int = 2,
+) -> Iterator[tuple[Unit, pd.DataFrame]]:
+    """Every row of each unit, unit by unit, in (prompt order, seed, position) order.
+
+    Each batch's forward and lens run here, on the model's device; its host part (classifying,
+    the frame) runs on one background thread while the next batches run forward, at most
+    ``ahead`` batches behind. ``tick(tokens)`` after each batch's rows. A failure raises
+    ``UnitFailed`` naming its unit, after the units finished before it are yielded.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="corpus-host") as pool:
+        queued: deque[tuple[Unit, list[Future]]] = deque()
+        for unit in units:
+            futures: list[Future] = []
+            try:
+                for runs in batches(unit, settings.seeds, model.config.block_size, batch_tokens):
+                    batch = _run_batch(model, runs, settings)
+                    futures.append(pool.submit(_batch_rows, batch, settings.eps))
+                    while queued and _waiting(queued) + len(futures) > ahead:
+                        yield _finish(model, *queued.popleft(), settings, tick)
+                    if len(futures) > ahead:
+                        wait([futures[-ahead - 1]])
+            except Exception as exc:
+                while queued:
+                    yield _finish(model, *queued.popleft(), settings, tick)
+                raise UnitFailed(unit) from exc
+            queued.append((unit, futures))
+        while queued:
+            yield _finish(model, *queued.popleft(), settings, tick)
+
+
+def _waiting(queued: deque[tuple[Unit, list[Future]]]) -> int:
+    return sum(not f.done() for _, futures in queued for f in futures)
+
+
+def _finish(
+    model: rm.RecurrentLM, unit: Unit, futures: list[Future], settings: Settings, tick
+) -> tuple[Unit, pd.DataFrame]:
+    """The unit's rows from its batches' host parts, sorted, with the per-prompt columns."""
+    try:
+        frames: list[pd.DataFrame] = []
+        finals: dict[str, np.ndarray] = {}
+        for future in futures:
+            frame, last = future.result()
+            frames.append(frame)
+            finals.update(last)
+            if tick is not None:
+                tick(len(frame))
+        frame = pd.concat(frames, ignore_index=True)
+        order = {t.prompt.id: i for i, t in enumerate(unit.prompts)}
+        frame = frame.sort_values(
+            ["prompt_id", "seed", "position"],
+            key=lambda c: c.map(order) if c.name == "prompt_id" else c,
+        ).reset_index(drop=True)
+        return unit, _prompt_columns(model, unit, settings, frame, finals)
+    except Exception as exc:
+        raise UnitFailed(unit) from exc
 
 
 def _prompt_columns(
@@ -196,8 +266,7 @@ def run(
     total = sum(units[i].tokens for i in todo) * len(job.settings.seeds)
     batch_tokens = batch_token_budget(model, job.settings.num_steps, job.max_batch_tokens)
     bar = _Progress(out, ctx, total, progress and ctx.is_main)
-    for unit in mine:
-        _do_unit(model, unit, job.settings, batch_tokens, out, ctx, bar)
+    _write_units(model, mine, job.settings, batch_tokens, out, ctx, bar)
     bar.finish()
     ctx.barrier()
     if ctx.is_main:
@@ -239,19 +308,27 @@ def _plan(out: Path, model, job: Job, units: list[Unit], dropped: int) -> list[i
     return [u.index for u in units if u.index not in done]
 
 
-def _do_unit(model, unit: Unit, settings: Settings, batch_tokens: int, out: Path, ctx, bar) -> None:
-    """Analyse and write one unit; a failure stops this rank with one line naming the unit."""
+def _write_units(
+    model, units: list[Unit], settings: Settings, batch_tokens: int, out: Path, ctx, bar
+) -> None:
+    """Analyse and write the units one part each; a failure stops this rank with one line naming
+    the unit (the units finished before it are written)."""
     started = time.perf_counter()
     try:
-        frame = analyse_unit(model, unit, settings, batch_tokens, bar.tick)
-        meta = {
-            "seconds": round(time.perf_counter() - started, 3),
-            "rank": ctx.rank,
-            "tokens": unit.tokens,
-            "device": str(model.device),
-        }
-        store.write_part(out, unit, frame, meta)
-    except Exception as exc:
+        for unit, frame in analyse_units(model, units, settings, batch_tokens, bar.tick):
+            meta = {
+                "seconds": round(time.perf_counter() - started, 3),
+                "rank": ctx.rank,
+                "tokens": unit.tokens,
+                "device": str(model.device),
+            }
+            try:
+                store.write_part(out, unit, frame, meta)
+            except Exception as exc:
+                raise UnitFailed(unit) from exc
+            started = time.perf_counter()
+    except UnitFailed as failed:
+        exc, unit = failed.__cause__, failed.unit
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CorpusError(
             f"rank {ctx.rank}: unit {unit.index} ({len(unit.prompts)} prompts, first "
