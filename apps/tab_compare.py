@@ -10,6 +10,7 @@ drawn is kept for the Bundle tab (``LAST_COMPARISON``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -23,11 +24,12 @@ from workbench.dynamics import MIN_TAIL
 from workbench.figures import compare as compare_figures
 
 from . import compare_compute, compute, inputs
+from .compute import csv_bytes
 from .messages import describe
 from .progress import CollectProgress
 from .tab_corpus import CorpusDir, default_dir, is_corpus_dir, resolve_dir
 from .tab_dynamics import shown_kinds
-from .ui import Context, chart, estimate_gate, table_download
+from .ui import Context, chart, download, estimate_gate
 
 LAST_COMPARISON = "compare_last"
 BOOTSTRAP_CHOICES = (200, 1000, 2000)
@@ -128,11 +130,14 @@ def models_section(ctx: Context) -> None:
     draw_pair(ctx, other, found)
 
 
-def names(first: Context, second: Context) -> tuple[str, str]:
-    """Panel titles that tell the two apart (two checkpoints of one run share a model name)."""
+def names(first: Context, second: Context, found: compare_compute.Checkpoint) -> tuple[str, str]:
+    """Panel titles that tell the two apart: the checkpoint's folder name first (two checkpoints
+    of one training run share a model name), then the model, its family and steps."""
+    folders = (Path(st.session_state.get("checkpoint", "")).name, Path(found.path).name)
     return tuple(
-        f"{tag}: {c.model.name} ({getattr(c.model, 'family', 'Huginn')}), {c.traj.num_steps} steps"
-        for tag, c in (("A", first), ("B", second))
+        f"{tag}: {folder} · {c.model.name} ({getattr(c.model, 'family', 'Huginn')}), "
+        f"{c.traj.num_steps} steps"
+        for tag, folder, c in zip("AB", folders, (first, second))
     )  # type: ignore[return-value]
 
 
@@ -146,7 +151,7 @@ def aligned(first: Context, second: Context) -> bool:
 
 def draw_pair(first: Context, second: Context, found: compare_compute.Checkpoint) -> None:
     """Convergence, kinds and the joint PCA side by side; the comparison kept for a bundle."""
-    pair = names(first, second)
+    pair = names(first, second, found)
     same = aligned(first, second)
     st.caption(f"**A** is the sidebar's model, **B** `{found.path}`; both from {first.start}.")
     if not same:
@@ -185,11 +190,19 @@ def draw_pair(first: Context, second: Context, found: compare_compute.Checkpoint
         compare_compute.pca_frame(coords_a, first.tokens, "A"),
         compare_compute.pca_frame(coords_b, second.tokens, "B"),
     ], ignore_index=True)  # fmt: skip
-    for name, frame in frames.items():
-        table_download(frame, name)
+    table_downloads(frames, "")
     st.session_state[LAST_COMPARISON] = Comparison(
         first.key, second_model_settings(second, found), frames, built
     )
+
+
+def table_downloads(frames: dict[str, pd.DataFrame], prefix: str) -> None:
+    """One CSV download per frame in a row, each labelled by the frame's name."""
+    st.caption("Download the tables as CSV:")
+    for column, (name, frame) in zip(st.columns(len(frames)), frames.items()):
+        with column:
+            download(f"{name.removeprefix('compare_')}.csv", lambda frame=frame: csv_bytes(frame),
+                     f"{prefix}{name}.csv", f"dl_{prefix}{name}")  # fmt: skip
 
 
 def kinds_table(
@@ -247,8 +260,14 @@ def corpus_section() -> None:
         )
         return
     frames = compare_compute.corpus_comparison(CorpusDir(paths[0]), CorpusDir(paths[1]), n_boot)
-    st.code(format_comparison(frames), language=None)
-    for name, fig in compare_figures.comparison_figures(frames).items():
-        chart(fig, f"cmp_corpus_{name}")
-    for name in ("runs", "pairs", "kinds", "steps", "lambda_1", "lens"):
-        table_download(frames[name], f"corpus_compare_{name}")
+    st.dataframe(frames["runs"], hide_index=True, key="cmp_corpus_runs")
+    st.dataframe(frames["pairs"], hide_index=True, key="cmp_corpus_pairs")
+    built = list(compare_figures.comparison_figures(frames).items())
+    for row in range(0, len(built), 2):
+        for column, (name, fig) in zip(st.columns(2), built[row : row + 2]):
+            with column:
+                chart(fig, f"cmp_corpus_{name}")
+    with st.expander("Every table with its differences and intervals, as the command prints them"):
+        st.code(format_comparison(frames), language=None)
+    names = ("runs", "pairs", "kinds", "steps", "lambda_1", "lens")
+    table_downloads({name: frames[name] for name in names}, "corpus_compare_")

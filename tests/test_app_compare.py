@@ -134,3 +134,21 @@ def test_a_bad_upload_is_one_line(app, content, message):
     errors = [e.value for e in app.error]
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
     assert errors[0].startswith("bad.zip:")
+
+
+def test_tokenizers_that_disagree_get_a_one_line_note(app):
+    from recurrent_model.standin import DEFAULT_CHECKPOINT
+
+    if not (DEFAULT_CHECKPOINT / "model.safetensors").is_file():
+        pytest.skip("checkpoints/default is not present")
+    app.session_state["view"] = "Compare"
+    app.run()
+    app.text_input(key="cmp_checkpoint").set_value(str(DEFAULT_CHECKPOINT)).run()
+    assert_clean(app)
+    notes = [c.value for c in app.caption if "tokenizers disagree" in c.value]
+    assert len(notes) == 1 and "none are aligned" in notes[0]
+    assert {"cmp_convergence", "cmp_kinds", "cmp_pca"} <= chart_keys(app)
+    pca = next(c for c in app.get("plotly_chart") if c.key == "cmp_pca")
+    assert "its own PCA" in pca.proto.spec  # hidden sizes 64 and 192: no common space
+    kinds = app.session_state["compare_last"].frames["compare_kinds"]
+    assert list(kinds.columns) == ["model", "position", "token", "kind"]

@@ -162,15 +162,19 @@ def joint_pca_pair(
         if np.ndim(coords) != 3 or np.shape(coords)[-1] < 2:
             raise ValueError(f"coords must be (steps + 1, T, k >= 2), got {np.shape(coords)}")
     fig = make_subplots(
-        rows=1, cols=2, shared_xaxes=joint, shared_yaxes=joint, subplot_titles=[name_a, name_b],
+        rows=1, cols=2, shared_yaxes=joint, subplot_titles=[name_a, name_b],
         horizontal_spacing=0.06 if joint else 0.1,
     )  # fmt: skip
+    if joint:  # one space: both panels on the same x range too
+        fig.update_xaxes(matches="x", row=1, col=2)
+    last_step = max(coords_a.shape[0], coords_b.shape[0]) - 1  # one step colour scale for both
     for col, (coords, tokens) in enumerate(((coords_a, tokens_a), (coords_b, tokens_b)), start=1):
         labels = position_labels(list(tokens), coords.shape[1])
         for p, label in enumerate(labels):
             trace = step_path(
                 coords[:, p, 0], coords[:, p, 1], label, showscale=col == 2 and p == 0
             )
+            trace.marker.update(cmin=0, cmax=last_step)
             fig.add_trace(trace, row=1, col=col)
         fig.add_trace(
             go.Scatter(
@@ -194,5 +198,5 @@ def joint_pca_pair(
         if joint
         else "each trajectory in its own PCA (the hidden sizes differ: no common space)"
     )
-    fig.update_layout(title=title, showlegend=False, height=520)
+    fig.update_layout(title=title, showlegend=False, height=560)
     return fig
