@@ -116,6 +116,8 @@ def analysis_frames(ctx: Context) -> tuple[dict[str, pd.DataFrame], dict]:
     if traj.num_steps >= MIN_TAIL:
         kinds = compute.dynamics(traj, tokens).copy()
         kinds["kind"] = shown_kinds(kinds)
+        # the classifier's token column holds the position as text; token_text is the token
+        kinds = kinds.drop(columns="token").rename(columns={"token_text": "token"})
         frames["dynamics"] = kinds.reset_index()
     return frames, built
 
