@@ -283,7 +283,7 @@ def _readme(index: dict[str, Any]) -> str:
         "```python",
         "import workbench.bundle",
         'b = workbench.bundle.open("this.zip")',
-        "b.settings; b.frames; b.figure_html(name)",
+        "b.settings; b.frames; b.figure(name); b.figure_html(name)",
         "```",
         "",
         "`bundle.json` holds the settings, the list of frames and figures, and the sha256 of every "
