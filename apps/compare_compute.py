@@ -93,40 +93,71 @@ def trajectory_bytes(runs: int, num_steps: int, tokens: int, hidden_size: int) -
 @dataclass(frozen=True)
 class MemoryPlan:
     """The memory two models take: the first's weights (measured), the second's (from its
-    headers; 0 more when it is loaded already or is the first), its trajectory, and what is free
-    on the device now (plus a model the second slot would drop to make room)."""
+    headers; none more when it is loaded already or is the first) on ``device``, with what is free
+    there now (plus a model the second slot would drop to make room), and the second trajectory,
+    which is held in host memory, with what is free there."""
 
     first: int
     second: int
     trajectory: int
     free: int
+    host_free: int
     device: str
     second_loaded: bool
 
     @property
-    def needed(self) -> int:
-        return (0 if self.second_loaded else self.second) + self.trajectory
+    def on_device(self) -> int:
+        """Bytes the second model adds on the device."""
+        return 0 if self.second_loaded else self.second
+
+    @property
+    def shares_host(self) -> bool:
+        """Whether the device's memory is the host's (the CPU; Apple's unified memory)."""
+        return torch.device(self.device).type in ("cpu", "mps")
+
+    def problem(self) -> str | None:
+        """What does not fit, in words, or None when both fit."""
+        budget = lambda free: FIT_SHARE * free  # noqa: E731
+        if self.shares_host and self.on_device + self.trajectory > budget(self.free):
+            return (
+                f"its weights and trajectory need {format_bytes(self.on_device + self.trajectory)}"
+                f" beside the first model ({format_bytes(self.first)}), but "
+                f"{format_bytes(budget(self.free))} of the {format_bytes(self.free)} free on "
+                f"{self.device} may be used"
+            )
+        if not self.shares_host and self.on_device > budget(self.free):
+            return (
+                f"its weights need {format_bytes(self.on_device)} on {self.device} beside the "
+                f"first model ({format_bytes(self.first)}), but {format_bytes(budget(self.free))} "
+                f"of the {format_bytes(self.free)} free there may be used"
+            )
+        if not self.shares_host and self.trajectory > budget(self.host_free):
+            return (
+                f"its trajectory needs {format_bytes(self.trajectory)} of host memory, but "
+                f"{format_bytes(budget(self.host_free))} of the {format_bytes(self.host_free)} free "
+                "may be used"
+            )
+        return None
 
     @property
     def fits(self) -> bool:
-        return self.needed <= FIT_SHARE * self.free
+        return self.problem() is None
 
     def line(self) -> str:
         """Both models' weights and the second trajectory, and what is free."""
         loaded = " (in memory)" if self.second_loaded else ""
+        host = "" if self.shares_host else f", {format_bytes(self.host_free)} of host memory"
         return (
             f"Memory for two models: the first's weights {format_bytes(self.first)} (in memory) + "
             f"the second's {format_bytes(self.second)}{loaded} + its trajectory "
-            f"{format_bytes(self.trajectory)}; {format_bytes(self.free)} free on {self.device}."
+            f"{format_bytes(self.trajectory)}; {format_bytes(self.free)} free on {self.device}"
+            f"{host}."
         )
 
     def refusal(self) -> str:
         return (
-            f"The second model does not fit: its weights and trajectory need "
-            f"{format_bytes(self.needed)} beside the first model "
-            f"({format_bytes(self.first)}), but {format_bytes(FIT_SHARE * self.free)} of the "
-            f"{format_bytes(self.free)} free on {self.device} may be used: choose a smaller dtype, "
-            "fewer steps or a shorter prompt."
+            f"The second model does not fit: {self.problem()}; choose a smaller dtype, fewer "
+            "steps or a shorter prompt."
         )
 
 
@@ -144,8 +175,9 @@ def memory_plan(first, found: Checkpoint, key: str, trajectory: int, device: str
     free = available_memory(device)
     if not loaded and slot.model is not None:
         free += compute.model_bytes(slot.model)  # dropped before the second is read
+    host = available_memory("cpu")
     return MemoryPlan(
-        compute.model_bytes(first), found.weight_bytes, trajectory, free, device, loaded
+        compute.model_bytes(first), found.weight_bytes, trajectory, free, host, device, loaded
     )
 
 

@@ -32,16 +32,18 @@ def chart_keys(at: AppTest) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny Huginn (the stand-in's layout) and a tiny retrofitted model, one byte tokenizer."""
+def checkpoints(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A tiny Huginn (the stand-in's layout), a tiny retrofitted model and a tiny Ouro, one byte
+    tokenizer."""
     root = tmp_path_factory.mktemp("two")
     first = fallback_model(seed=1)
     first.config.name = "tiny-huginn"
     first.save_pretrained(root / "huginn")
-    second = tiny_family_model("retrofit")
-    second.tokenizer = byte_level_tokenizer(second.config.vocab_size)
-    second.save_pretrained(root / "retrofit")
-    return root / "huginn", root / "retrofit"
+    for family in ("retrofit", "ouro"):
+        other = tiny_family_model(family)
+        other.tokenizer = byte_level_tokenizer(other.config.vocab_size)
+        other.save_pretrained(root / family)
+    return root / "huginn", root / "retrofit", root / "ouro"
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,15 @@ def test_two_checkpoints_are_drawn_side_by_side(app, checkpoints):
     assert comparison.settings["second_num_steps"] == STEPS
 
 
+def test_an_ouro_checkpoint_runs_once_from_its_embedding_beside_huginn(app, checkpoints):
+    app.text_input(key="cmp_checkpoint").set_value(str(checkpoints[2])).run()
+    assert_clean(app)
+    assert {"cmp_convergence", "cmp_kinds", "cmp_pca"} <= chart_keys(app)
+    comparison = app.session_state["compare_last"]
+    assert comparison.settings["second_family"] == "Ouro"
+    assert comparison.settings["second_seeds"] == [0]
+
+
 def test_a_second_model_that_would_not_fit_is_refused_in_one_line(app, checkpoints, monkeypatch):
     monkeypatch.setattr(compare_compute, "available_memory", lambda device: 1000)
     app.text_input(key="cmp_checkpoint").set_value(str(checkpoints[1]) + "/").run()
@@ -84,6 +95,20 @@ def test_a_second_model_that_would_not_fit_is_refused_in_one_line(app, checkpoin
     refusal = [e.value for e in app.error]
     assert len(refusal) == 1 and "does not fit" in refusal[0] and "\n" not in refusal[0]
     assert "cmp_convergence" not in chart_keys(app)
+
+
+def test_on_a_gpu_the_weights_count_against_its_memory_and_the_trajectory_against_the_hosts():
+    plan = lambda free, host: compare_compute.MemoryPlan(  # noqa: E731
+        first=100, second=500, trajectory=300, free=free, host_free=host, device="cuda:0",
+        second_loaded=False,
+    )  # fmt: skip
+    assert plan(free=1000, host=1000).fits
+    assert "its weights need" in plan(free=600, host=10**6).refusal()
+    assert "of host memory" in plan(free=10**6, host=350).refusal()
+    cpu = compare_compute.MemoryPlan(100, 500, 300, 900, 10**6, "cpu", second_loaded=False)
+    assert "weights and trajectory need" in cpu.refusal()  # 800 > 0.8 × 900: one budget
+    loaded = compare_compute.MemoryPlan(100, 500, 300, 1000, 1000, "cpu", second_loaded=True)
+    assert loaded.fits  # a model in memory already takes nothing more
 
 
 def test_a_bundle_written_and_opened_again_shows_the_same_frames(app, checkpoints, tmp_path):
