@@ -177,3 +177,40 @@ def test_tokenizers_that_disagree_get_a_one_line_note(app):
     assert "its own PCA" in pca.proto.spec  # hidden sizes 64 and 192: no common space
     kinds = app.session_state["compare_last"].frames["compare_kinds"]
     assert list(kinds.columns) == ["model", "position", "token", "kind"]
+
+
+def test_the_pair_figures_share_scales_and_say_when_tokens_are_not_aligned():
+    import numpy as np
+
+    from workbench import figures
+
+    def conv(n_tokens: int, steps: int, scale: float) -> pd.DataFrame:
+        grid = [(p, s) for p in range(n_tokens) for s in range(steps + 1)]
+        return pd.DataFrame({
+            "position": [p for p, _ in grid], "step": [s for _, s in grid],
+            "token": [f"t{p}" for p, _ in grid],
+            "distance_to_final": [scale * (steps - s + 1) for _, s in grid],
+        })  # fmt: skip
+
+    names = ("A: a", "B: b")
+    fig = figures.convergence_pair(conv(3, 4, 1.0), conv(3, 8, 100.0), names)
+    a, b = fig.data
+    assert a.zmin == b.zmin and a.zmax == b.zmax  # one colour scale over both
+    assert a.zmax == pytest.approx(np.log10(900.0)) and a.zmin == pytest.approx(0.0)
+    assert "each panel has its own tokens" not in fig.layout.title.text
+    unaligned = figures.convergence_pair(conv(3, 4, 1.0), conv(5, 4, 1.0), names, aligned=False)
+    assert "each panel has its own tokens" in unaligned.layout.title.text
+    kinds = figures.kinds_pair(["orbit", "fixed_point"], ["slider", "other"], ["x", "y"],
+                               ["x", "y"], names)  # fmt: skip
+    assert kinds.data[0].z.tolist() == [[2.0, 0.0]] and kinds.data[1].z.tolist() == [[3.0, 4.0]]
+    with pytest.raises(ValueError, match="unknown dynamics kinds"):
+        figures.kinds_pair(["spiral"], ["orbit"], ["x"], ["x"], names)
+    coords_a, coords_b = np.zeros((5, 2, 2)), np.ones((9, 3, 2))
+    pca = figures.joint_pca_pair(coords_a, coords_b, ["x", "y"], ["x", "y", "z"], names, [0.5, 0.2])
+    paths = [t for t in pca.data if t.mode != "text"]
+    assert {(t.marker.cmin, t.marker.cmax) for t in paths} == {(0, 8)}  # one step colour scale
+    assert pca.layout.xaxis2.matches == "x" and "one PCA" in pca.layout.title.text
+    own = figures.joint_pca_pair(
+        coords_a, coords_b, ["x", "y"], ["x", "y", "z"], names, joint=False
+    )
+    assert own.layout.xaxis2.matches is None and "its own PCA" in own.layout.title.text
