@@ -99,8 +99,9 @@ def models_section(ctx: Context) -> None:
     key = found.key(device)
     first_run = ctx.run
     runs = 1  # the first run (seed) of the sidebar's: what every view here draws
-    plan_tokens = len(first_run.token_ids)
-    trajectory = compare_compute.trajectory_bytes(runs, steps, plan_tokens, found.hidden_size)
+    # the prompt's length as the first tokenizer reads it: the second's is known once it is loaded
+    tokens = len(first_run.token_ids)
+    trajectory = compare_compute.trajectory_bytes(runs, steps, tokens, found.hidden_size)
     plan = compare_compute.memory_plan(ctx.model, found, key, trajectory, device)
     st.caption(plan.line())
     if not plan.fits:
