@@ -4,6 +4,9 @@ Prints, on the shipped checkpoint and the held-out sets:
 - tokens analysed per second (token × seed runs) for dynamics + lens, as a fraction of a plain
   batched forward at the same depth and batches (goal: ≥ 80 %); the seeds and stability analyses
   separately;
+- where the engine's time goes (``engine_split``): the device part of each batch (forward, lens,
+  copy) and its host part (classification, rows), and the engine with the host part in series and
+  on its background thread beside the next forward;
 - the plain forward against the matmul floor: the cost model's FLOPs at the F.linear speed this
   machine measures at the model's shapes;
 - one process against 2 gloo ranks (the CLI end to end, both measured here);
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,8 +36,19 @@ from recurrent_model.speed import linear_speed  # noqa: E402
 from workbench.collect import initial_states, run_states  # noqa: E402
 from workbench.corpus import read_prompts  # noqa: E402
 from workbench.corpus.analyses import Settings, default_lens_steps  # noqa: E402
-from workbench.corpus.engine import analyse_units, batch_token_budget  # noqa: E402
+from workbench.corpus.engine import (  # noqa: E402
+    analyse_units,
+    batch_rows,
+    batch_token_budget,
+    run_batch,
+)
 from workbench.corpus.units import batches, make_units, tokenize  # noqa: E402
+
+
+def sync(model) -> None:
+    """Wait for the model's device (timings on a GPU end when its work does)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 def forward_only(model, units, settings, budget) -> tuple[float, int]:
@@ -50,13 +65,56 @@ def forward_only(model, units, settings, budget) -> tuple[float, int]:
                 cache_device=None,
             )
             runs_done += sum(len(t.ids) for t, _ in runs)
+    sync(model)
     return time.perf_counter() - started, runs_done
 
 
-def engine(model, units, settings, budget) -> tuple[float, int]:
+def engine(model, units, settings, budget, ahead: int = 2) -> tuple[float, int]:
+    """Seconds and rows of the corpus engine (host part ``ahead`` batches behind the forward)."""
     started = time.perf_counter()
-    rows = sum(len(frame) for _, frame in analyse_units(model, units, settings, budget))
+    rows = sum(len(f) for _, f in analyse_units(model, units, settings, budget, ahead=ahead))
     return time.perf_counter() - started, rows
+
+
+@dataclass
+class Split:
+    """Seconds of the engine's parts over the same batches (see ``engine_split``)."""
+
+    tokens: int
+    batches: int
+    forward: float
+    device: float
+    host: float
+    serial: float
+    overlapped: float
+
+
+def engine_split(model, units, settings, budget) -> Split:
+    """Where the engine's time goes: the plain forward; each batch's device part (forward, lens,
+    normalising, the copy to the host) and host part (classification, rows) one after the other;
+    the engine with the host part in series (``ahead=0``) and beside the next forward (2)."""
+    groups = [runs for u in units for runs in batches(u, settings.seeds, model.config.block_size, budget)]  # fmt: skip
+    forward_only(model, units[:1], settings, budget)  # warm-up: first-call allocations and kernels
+    forward, tokens = forward_only(model, units, settings, budget)
+    device = host = 0.0
+    for runs in groups:
+        started = time.perf_counter()
+        batch = run_batch(model, runs, settings)  # ends with the copy to the host
+        device += time.perf_counter() - started
+        started = time.perf_counter()
+        batch_rows(batch, settings.eps)
+        host += time.perf_counter() - started
+    serial, overlapped = engine(model, units, settings, budget, 0)[0], engine(model, units, settings, budget)[0]  # fmt: skip
+    return Split(tokens, len(groups), forward, device, host, serial, overlapped)
+
+
+def print_split(split: Split) -> None:
+    s = split
+    print(f"engine split ({s.tokens} token runs, {s.batches} batches): plain forward {s.forward:.2f} s; "
+          f"device part (forward, lens, copy) {s.device:.2f} s, host part (classification, rows) {s.host:.2f} s "
+          f"= {s.host / s.device:.2f}× the device part; engine {s.serial:.2f} s with the host part in series "
+          f"({s.forward / s.serial:.0%} of the plain forward), {s.overlapped:.2f} s overlapped "
+          f"({s.forward / s.overlapped:.0%})", flush=True)  # fmt: skip
 
 
 def cli_seconds(nproc: int, out: Path, args) -> float:
@@ -100,6 +158,7 @@ def main() -> None:
     ):
         s, n = engine(model, subset, settings, budget)
         print(f"{name:18s}: {n / s:8.1f} tok/s = {n / s / fwd_rate:.0%} of the plain forward")
+    print_split(engine_split(model, units, lens, budget))
     one = make_units(tokenized[:2], 2048)
     s, n = engine(model, one, Settings(steps, (0,), ("dynamics", "stability")), budget)
     print(

@@ -3,6 +3,12 @@ is available; what it prints goes into docs/performance.md.
 
 1. The corpus engine on a random Huginn-0125-shape model in bf16 on one GPU: tokens/s, peak
    memory against the engine's own batch estimate.
+   The engine's split on the same batches: the plain batched forward, each batch's device part
+   (forward, lens, normalising, one copy to the host) and its host part (classification, rows)
+   timed one after the other, and the engine with the host part on its background thread beside
+   the next batch's forward: whether the host is the bottleneck on this device. A random model's
+   tokens rarely settle, so every token takes the classifier's full path (a trained model's
+   settled tokens skip most of it): an upper bound on the host part.
 2. Every workbench analysis once on the device (collect, dynamics, convergence, path
    independence, lenses, fixed point, spectrum, Lyapunov, attribution, patching, steering,
    ablation), each OK or its one-line error, with its time.
@@ -26,6 +32,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_corpus import engine_split, print_split  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
 import workbench as wb  # noqa: E402
@@ -79,6 +87,18 @@ def corpus_check(model: rm.RecurrentLM, steps: int) -> None:
           f"{steps} steps; batch budget {budget} positions; peak device memory {peak / 2**30:.2f} GiB "
           f"(weights {sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30:.2f} GiB "
           f"+ the states estimate {estimate / 2**30:.2f} GiB)", flush=True)  # fmt: skip
+
+
+def split_check(model: rm.RecurrentLM, steps: int) -> None:
+    from workbench.corpus import read_prompts
+    from workbench.corpus.analyses import Settings
+    from workbench.corpus.engine import batch_token_budget
+    from workbench.corpus.units import make_units, tokenize
+
+    settings = Settings(steps, (0,), ("dynamics", "lens"), (1, steps // 2))
+    prompts = read_prompts("heldout", per_source=4)
+    units = make_units(tokenize(prompts, model.tokenizer, model.config.block_size, 64)[0], 2048)
+    print_split(engine_split(model, units, settings, batch_token_budget(model, steps, None)))
 
 
 def analyses_check(model: rm.RecurrentLM, steps: int, device: str) -> None:
@@ -141,6 +161,7 @@ def main() -> None:
     print(f"gpu_check: {args.shape} in {args.dtype} on {where}{hip}, torch {torch.__version__}")
     model = build(args.shape, args.device, DTYPES[args.dtype])
     corpus_check(model, args.steps)
+    split_check(model, args.steps)
     analyses_check(model, args.steps, args.device)
     decode_check(model, args.device)
 

@@ -108,7 +108,7 @@ def batch_token_budget(model: rm.RecurrentLM, num_steps: int, cap: int | None) -
 
 
 @dataclass
-class _Batch:
+class Batch:
     """What a batch's forward hands to the host thread: the runs with their token strings, their
     normalised states side by side on the token axis (steps + 1, ΣT, h) and their lens columns."""
 
@@ -118,7 +118,7 @@ class _Batch:
     lens: dict[str, np.ndarray]
 
 
-def _run_batch(model: rm.RecurrentLM, runs: list[Run], settings: Settings) -> _Batch:
+def run_batch(model: rm.RecurrentLM, runs: list[Run], settings: Settings) -> Batch:
     """The batch's forward, its lens, and its real positions normalised, on the model's device;
     one copy to the host."""
     h = model.config.n_embd
@@ -135,10 +135,10 @@ def _run_batch(model: rm.RecurrentLM, runs: list[Run], settings: Settings) -> _B
     states = normalise(model, raw[:, valid])
     tokens = [token_strings(model, item.ids) for item, _ in runs]
     lens = {name: column.cpu().numpy() for name, column in lens.items()}
-    return _Batch(runs, tokens, states.cpu().numpy(), lens)
+    return Batch(runs, tokens, states.cpu().numpy(), lens)
 
 
-def _batch_rows(batch: _Batch, eps: float) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def batch_rows(batch: Batch, eps: float) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """The batch's rows and each run's final normalised state (for the seeds analysis), keyed
     ``prompt_id:seed``: the host's numpy work, run beside the next batch's forward."""
     frame = dynamics_rows(batch.runs, batch.states, batch.tokens, eps).assign(**batch.lens)
@@ -177,8 +177,8 @@ def analyse_units(
             futures: list[Future] = []
             try:
                 for runs in batches(unit, settings.seeds, model.config.block_size, batch_tokens):
-                    batch = _run_batch(model, runs, settings)
-                    futures.append(pool.submit(_batch_rows, batch, settings.eps))
+                    batch = run_batch(model, runs, settings)
+                    futures.append(pool.submit(batch_rows, batch, settings.eps))
                     while queued and _waiting(queued) + len(futures) > ahead:
                         yield _finish(model, *queued.popleft(), settings, tick)
                     if len(futures) > ahead:
@@ -413,4 +413,4 @@ def _dtype(name: str | None, device: torch.device) -> torch.dtype | None:
     return table[name]
 
 
-__all__ = ["Job", "run", "run_in_process", "rank_context"]
+__all__ = ["Job", "analyse_units", "run", "run_in_process", "rank_context"]
