@@ -403,3 +403,25 @@ def test_default_prompt_at_32_steps_shows_no_moving_token_as_settled() -> None:
     assert not settled[still_moving].any()
     dying = (df.step_decay <= 0.7) & (df.contraction <= 0.97)
     assert not (dying & (df.kind == "orbit")).any(), df[dying][["token", "kind", "step_decay"]]
+
+
+def test_a_tokens_row_is_the_same_bits_beside_any_tokens():
+    """Tokens classified side by side (the corpus engine's batches) get the rows each group gets
+    alone, in any order; without diagnostics, settled tokens lose only their diagnostics."""
+    states = make_benchmark(seed=1, repeats=1, sizes=((64, 64),))[0].states
+    T = states.shape[1]
+    alone = pd.concat([classify_dynamics(states[:, i : i + 5]) for i in range(0, T, 5)])
+    order = np.random.default_rng(0).permutation(T)
+    together = classify_dynamics(states[:, order]).iloc[np.argsort(order)]
+    pd.testing.assert_frame_equal(
+        alone.drop(columns="token").reset_index(drop=True),
+        together.drop(columns="token").reset_index(drop=True),
+        check_exact=True,
+    )
+    full, lean = classify_dynamics(states), classify_dynamics(states, diagnostics=False)
+    settled = (full["tail_relative_step"] < 1e-3).to_numpy()
+    assert settled.any() and not settled.all()
+    pd.testing.assert_frame_equal(lean[~settled], full[~settled], check_exact=True)
+    kept = ["kind", "period", "flip", "settled", "final_step_size", "drift_speed", "window"]
+    pd.testing.assert_frame_equal(lean[kept], full[kept], check_exact=True)
+    assert lean.loc[settled, ["plane_variance_share", "contraction"]].isna().all().all()
