@@ -19,7 +19,8 @@ Both recurrent models are evaluated on the pipeline's held-out batches at r = 1,
 final validation of their runs); the Llama on the same batches. OUT/results.json holds every number
 and setting, OUT/table.md the table, OUT/retrofit_demo.png the figure; ``--publish`` also writes
 them to eval/results/retrofit_demo.json, eval/results/retrofit_demo.md and
-docs/images/retrofit_demo.png. ``--size tiny`` is the test's size (tests/test_retrofit_demo.py).
+docs/images/retrofit_demo.png; ``--report-only --out OUT`` redraws the table and figure of an
+earlier run from its results.json. ``--size tiny`` is the test's size (tests/test_retrofit_demo.py).
 """
 
 from __future__ import annotations
@@ -326,8 +327,8 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"| {names[route]} | {row} | {sum(flops) / len(flops):.3g} |")
     llama = cell([s["llama"]["heldout_loss"] for s in seeds])
     llama_flops = sum(s["llama"]["flops"] for s in seeds) / len(seeds)
-    lines.append(f"| the Llama it started from (no recurrence) | {llama} |" + " |" * 3
-                 + f" {llama_flops:.3g} |")  # fmt: skip
+    lines.append(f"| the Llama it started from (no recurrence: one value) | {llama} |"
+                 + " — |" * (len(DEPTHS) - 1) + f" {llama_flops:.3g} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -338,23 +339,28 @@ def figure(results: dict[str, Any], path: Path) -> None:
 
     losses = summary(results["seeds"])
     fig = go.Figure()
+    names = {"retrofitted": "retrofitted", "scratch": "from scratch"}
     for route, color in zip(ROUTES, ("#1f77b4", "#d62728"), strict=True):
         values = [losses[route][str(d)] for d in DEPTHS]
         means = [sum(v) / len(v) for v in values]
         fig.add_trace(go.Scatter(
-            x=list(DEPTHS), y=means, name=route, mode="lines+markers", line={"color": color},
+            x=list(DEPTHS), y=means, name=names[route], mode="lines+markers", line={"color": color},
             error_y={"type": "data", "symmetric": False,
                      "array": [max(v) - m for v, m in zip(values, means, strict=True)],
                      "arrayminus": [m - min(v) for v, m in zip(values, means, strict=True)]},
         ))  # fmt: skip
     llama = [s["llama"]["heldout_loss"] for s in results["seeds"]]
     fig.add_hline(y=sum(llama) / len(llama), line_dash="dash", line_color="gray",
-                  annotation_text="the Llama (no recurrence)")  # fmt: skip
+                  annotation_text="the Llama it started from", annotation_position="bottom right")  # fmt: skip
+    every = [v for route in ROUTES for d in DEPTHS for v in losses[route][str(d)]] + llama
+    low, high = min(every), max(every)
     seeds = ", ".join(str(s["seed"]) for s in results["seeds"])
     fig.update_layout(
         title=f"Held-out loss at equal training FLOPs (seeds {seeds}; bars: min to max)",
         xaxis={"title": "recurrence r at evaluation", "type": "log", "tickvals": list(DEPTHS)},
-        yaxis={"title": "held-out loss (nats/token)"}, width=760, height=460,
+        yaxis={"title": "held-out loss (nats/token)",
+               "range": [low - 0.1 * (high - low), high + 0.05 * (high - low)]},
+        width=760, height=460,
         template="plotly_white",
     )  # fmt: skip
     fig.write_image(str(path))
@@ -367,13 +373,31 @@ def publish(out: Path) -> None:
     shutil.copyfile(out / "retrofit_demo.png", REPO / "docs" / "images" / "retrofit_demo.png")
 
 
+def report(out: Path, results: dict[str, Any]) -> None:
+    """OUT/table.md and OUT/retrofit_demo.png from the results."""
+    (out / "table.md").write_text(table(results))
+    figure(results, out / "retrofit_demo.png")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=SIZES, default="demo")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--out", default="runs/retrofit_demo", help="a new directory")
     parser.add_argument("--publish", action="store_true", help="copy the outputs into the repo")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="redraw the table and figure of an earlier --out from its results.json (no training)",
+    )
     args = parser.parse_args(argv)
+    if args.report_only:
+        results = json.loads((Path(args.out) / "results.json").read_text())
+        report(Path(args.out), results)
+        if args.publish:
+            publish(Path(args.out))
+        print(table(results), end="")
+        return results
     out = Path(args.out)
     if out.exists():
         raise SystemExit(f"error: {out} exists; the demo writes a new directory")
@@ -387,8 +411,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {"size": args.size, "settings": settings, "depths": list(DEPTHS), "seeds": seeds,
                "wall_s": time.perf_counter() - started, "torch": torch.__version__}  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "table.md").write_text(table(results))
-    figure(results, out / "retrofit_demo.png")
+    report(out, results)
     if args.publish:
         publish(out)
     print(table(results), end="")
