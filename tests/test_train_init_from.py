@@ -230,21 +230,41 @@ def launch_two_ranks(config: Path, out: Path, start: Path, *options: str) -> str
     return proc.stdout
 
 
+@pytest.fixture(scope="module")
+def ddp_two_ranks(source) -> Path:
+    """4 steps of 2 DDP ranks from OUT, the run the other strategies are compared with."""
+    root, out, config = source
+    launch_two_ranks(config, root / "ddp2", out, "--set", "distributed.strategy=ddp")
+    return root / "ddp2"
+
+
+def assert_like(run: Path, reference: Path) -> None:
+    """The same losses and (to Adam's rounding) the same weights after 4 steps."""
+    assert losses(run) == pytest.approx(losses(reference), rel=1e-5)
+    a = load_file(reference / "checkpoints" / "step-0000004" / WEIGHTS)
+    b = load_file(run / "checkpoints" / "step-0000004" / WEIGHTS)
+    assert a.keys() == b.keys() and "lm_head.weight" in a
+    for key in a:  # atan2 without ε turns rounding in near-zero moments into ~1e-6 differences
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+    assert type(rm.load_model(run / "checkpoints" / "step-0000004")).__name__ == "RetrofitLM"
+
+
 @pytest.mark.slow
-def test_two_fsdp_ranks_train_from_it_and_resume_like_ddp(source):
+def test_two_fsdp_ranks_train_from_it_and_resume_like_ddp(source, ddp_two_ranks):
     """FSDP2 on 2 gloo ranks: 2 steps, then --resume for 2 more, matches 4 DDP steps."""
     root, out, config = source
-    ddp = root / "ddp2"
-    launch_two_ranks(config, ddp, out, "--set", "distributed.strategy=ddp")
     fsdp = root / "fsdp2"
     fsdp_set = ("--set", "distributed.strategy=fsdp")
     launch_two_ranks(config, fsdp, out, *fsdp_set, "--max-steps", "2")
     assert (fsdp / "checkpoints" / "latest").read_text().strip() == "step-0000002"
     launch_two_ranks(config, fsdp, out, *fsdp_set, "--resume")
-    assert losses(fsdp) == pytest.approx(losses(ddp), rel=1e-5)
-    a = load_file(ddp / "checkpoints" / "step-0000004" / WEIGHTS)
-    b = load_file(fsdp / "checkpoints" / "step-0000004" / WEIGHTS)
-    assert a.keys() == b.keys() and "lm_head.weight" in a
-    for key in a:  # atan2 without ε turns rounding in near-zero moments into ~1e-6 differences
-        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
-    assert type(rm.load_model(fsdp / "checkpoints" / "step-0000004")).__name__ == "RetrofitLM"
+    assert_like(fsdp, ddp_two_ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["bucketed", "hsdp"])
+def test_the_other_strategies_train_from_it_like_ddp(source, ddp_two_ranks, strategy):
+    root, out, config = source
+    run = root / strategy
+    launch_two_ranks(config, run, out, "--set", f"distributed.strategy={strategy}")
+    assert_like(run, ddp_two_ranks)
