@@ -42,7 +42,7 @@ from .analyses import (
 from .sources import CorpusError, read_prompts
 from .units import Run, Unit, batches, make_units, tokenize
 
-VERSION = 1  # the rows' layout; part of the identity
+VERSION = 2  # the rows' layout and arithmetic (a run of another version is not resumed); part of the identity
 
 
 @dataclass(frozen=True)
