@@ -65,10 +65,6 @@ def layer_weights(layer: Any) -> LayerWeights:
     return LayerWeights(*(t.detach() for t in tensors))
 
 
-def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    return x.view(x.shape[0], 1, heads, -1).transpose(1, 2)
-
-
 def _layer_token(
     x: torch.Tensor,
     w: LayerWeights,
@@ -82,9 +78,9 @@ def _layer_token(
     writing its key and value into ``keys``/``values`` (B, kv_heads, L, D) there."""
     mv, eps = shape.matvec, shape.eps
     n = ll.rms_norm(x, w.input_norm, eps)
-    q = _heads(fn.linear(n, w.q, mv), shape.heads)
-    k = _heads(fn.linear(n, w.k, mv), shape.kv_heads)
-    v = _heads(fn.linear(n, w.v, mv), shape.kv_heads)
+    q = ll.split_heads(fn.linear(n, w.q, mv), shape.heads)
+    k = ll.split_heads(fn.linear(n, w.k, mv), shape.kv_heads)
+    v = ll.split_heads(fn.linear(n, w.v, mv), shape.kv_heads)
     row = rope.index_select(1, position)
     q, k = ll.apply_rope(q, row), ll.apply_rope(k, row)
     keys.index_copy_(2, position, k)

@@ -18,6 +18,24 @@ WORDS = (
 ).split()
 
 
+def run_launch(*args: str) -> tuple[int, str, str]:
+    """``pretrain/launch.py`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from pretrain.launch import main as launch_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = launch_main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def losses(run: Path) -> list[float]:
+    """The loss of every step a run's metrics.jsonl records, in order."""
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def write_corpus(directory: Path, docs: int = 160) -> None:
     """``docs`` text files of 50 to 90 words from ``WORDS`` (the same for every call)."""
     rng = random.Random(0)

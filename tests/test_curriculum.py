@@ -4,16 +4,14 @@ depth drawn around it, and ``--plan``'s compute line summing the FLOPs of the st
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 
 import pytest
+from helpers import run_launch
 
 from pretrain.config import TrainConfigError, load_config
 from pretrain.curriculum import RecurrenceCurriculum
-from pretrain.launch import main as launch_main
 from pretrain.launch import train
 from pretrain.metrics import flops_per_token
 from pretrain.plan_compute import compute_plan
@@ -109,11 +107,9 @@ def test_the_plan_sums_the_flops_of_the_steps_the_run_draws(ramp_run, tiny):
 
 
 def test_launch_plan_prints_the_compute_line(tiny):
-    out, err = io.StringIO(), io.StringIO()
     args = ["--config", str(tiny[1]), "--plan", *[a for s in RAMP for a in ("--set", s)]]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = launch_main(args)
-    assert code == 0, err.getvalue()
-    line = next(x for x in out.getvalue().splitlines() if x.startswith("compute:"))
+    code, out, err = run_launch(*args)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("compute:"))
     assert "over 6 steps x 32 tokens" in line
     assert "r̄ 1 -> 4 over 4 steps (linear curriculum), 3.00 on average" in line

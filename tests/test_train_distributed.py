@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, losses
 from safetensors.torch import load_file
 
 from pretrain.checkpointing import read_rank_state
@@ -112,10 +112,6 @@ def assert_same_as_ddp(ddp_out: Path, out: Path) -> None:
     for key in ddp:  # atan2 without ε turns rounding in near-zero moments into ~1e-6 differences
         torch.testing.assert_close(mine[key], ddp[key], rtol=1e-4, atol=1e-5)
     assert losses(out) == pytest.approx(losses(ddp_out), rel=1e-6)
-
-
-def losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

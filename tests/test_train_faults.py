@@ -22,22 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, launch, tree_digest, write_config, write_corpus
+from helpers import REPO, launch, run_launch, tree_digest, write_config, write_corpus
 from safetensors.torch import load_file
 
 import recurrent_model
 from pretrain import checkpointing as ck
-from pretrain.launch import main as launch_main
 
 STEPS = ("step-0000002", "step-0000004")
-
-
-def run_launch(*args: str) -> tuple[int, str, str]:
-    """``pretrain/launch.py`` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = launch_main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ line with nothing written."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -18,31 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, tree_digest, write_config, write_corpus
+from helpers import REPO, losses, run_launch, tree_digest, write_config, write_corpus
 from safetensors.torch import load_file, save_file
 from test_retrofit_conversion import SIZES, llama_tensors, write_llama
 
 import recurrent_model as rm
 from pretrain.callbacks import TrainerCallback
 from pretrain.config import load_config
-from pretrain.launch import main as launch_main
 from pretrain.launch import train
 from pretrain.retrofit import convert
 
 VOCAB = 320  # the tiny config's data.vocab_size
 WEIGHTS = "model.safetensors"
-
-
-def run_launch(*args: str) -> tuple[int, str, str]:
-    """``pretrain/launch.py`` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = launch_main(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
