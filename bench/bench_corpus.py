@@ -2,25 +2,28 @@
 
 Prints, on the shipped checkpoint and the held-out sets:
 - tokens analysed per second (token × seed runs) for dynamics + lens, as a fraction of a plain
-  batched forward at the same depth and batches (goal: ≥ 80 %); the seeds and stability analyses
-  separately;
+  batched forward at the same depth and batches (goal: ≥ 80 %), with the host part on its
+  background thread (the engine's way) and in series; the seeds and stability analyses separately;
 - where the engine's time goes (``engine_split``): the device part of each batch (forward, lens,
-  copy) and its host part (classification, rows), and the engine with the host part in series and
-  on its background thread beside the next forward;
+  copy) and its host part (classification, rows);
 - the plain forward against the matmul floor: the cost model's FLOPs at the F.linear speed this
   machine measures at the model's shapes;
 - one process against 2 gloo ranks (the CLI end to end, both measured here);
 - an estimate at the Huginn-0125 shape: the cost model's FLOPs per token over the F.linear speed
   measured at its shapes in bf16 on this CPU (an estimate, labelled so).
 
-Forward and engine rows run in ``--repeats`` interleaved rounds; each keeps its best round.
+Each round runs the plain forward before and after every engine row, and the row's share is its
+rate over the mean of those two forwards' rates: a machine's speed can drift over tens of seconds
+(a shared host), and a row is compared only with forwards that ran beside it. The medians over
+``--repeats`` rounds are printed, with their spread.
 
-    .venv/bin/python bench/bench_corpus.py [--per-source 6] [--steps 128] [--repeats 3] [--skip-ranks]
+    .venv/bin/python bench/bench_corpus.py [--per-source 6] [--steps 128] [--repeats 5] [--skip-ranks]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +74,12 @@ def forward_only(model, units, settings, budget) -> tuple[float, int]:
     return time.perf_counter() - started, runs_done
 
 
+def rate(measured: tuple[float, int]) -> float:
+    """Token runs per second of a (seconds, token runs) measurement."""
+    seconds, runs = measured
+    return runs / seconds
+
+
 def engine(model, units, settings, budget, ahead: int = 2) -> tuple[float, int]:
     """Seconds and rows of the corpus engine (host part ``ahead`` batches behind the forward)."""
     started = time.perf_counter()
@@ -87,16 +96,13 @@ class Split:
     forward: float
     device: float
     host: float
-    serial: float
-    overlapped: float
 
 
 def engine_split(model, units, settings, budget) -> Split:
-    """Where the engine's time goes: the plain forward; each batch's device part (forward, lens,
-    normalising, the copy to the host) and host part (classification, rows) one after the other;
-    the engine with the host part in series (``ahead=0``) and beside the next forward (2)."""
+    """Where the engine's time goes: the plain forward, then each batch's device part (forward,
+    lens, normalising, the copy to the host) and host part (classification, rows) one after the
+    other."""
     groups = [runs for u in units for runs in batches(u, settings.seeds, model.config.block_size, budget)]  # fmt: skip
-    forward_only(model, units[:1], settings, budget)  # warm-up: first-call allocations and kernels
     forward, tokens = forward_only(model, units, settings, budget)
     device = host = 0.0
     for runs in groups:
@@ -106,17 +112,14 @@ def engine_split(model, units, settings, budget) -> Split:
         started = time.perf_counter()
         batch_rows(batch, settings.eps)
         host += time.perf_counter() - started
-    serial, overlapped = engine(model, units, settings, budget, 0)[0], engine(model, units, settings, budget)[0]  # fmt: skip
-    return Split(tokens, len(groups), forward, device, host, serial, overlapped)
+    return Split(tokens, len(groups), forward, device, host)
 
 
 def print_split(split: Split) -> None:
     s = split
     print(f"engine split ({s.tokens} token runs, {s.batches} batches): plain forward {s.forward:.2f} s; "
-          f"device part (forward, lens, copy) {s.device:.2f} s, host part (classification, rows) {s.host:.2f} s "
-          f"= {s.host / s.device:.2f}× the device part; engine {s.serial:.2f} s with the host part in series "
-          f"({s.forward / s.serial:.0%} of the plain forward), {s.overlapped:.2f} s overlapped "
-          f"({s.forward / s.overlapped:.0%})", flush=True)  # fmt: skip
+          f"device part (forward, lens, copy) {s.device:.2f} s, host part (classification, rows) "
+          f"{s.host:.2f} s = {s.host / s.device:.2f}× the device part", flush=True)  # fmt: skip
 
 
 def cli_seconds(nproc: int, out: Path, args) -> float:
@@ -132,7 +135,9 @@ def main() -> None:
     p.add_argument("--per-source", type=int, default=6)
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--skip-ranks", action="store_true", help="skip the 1 vs 2 rank CLI runs")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the best is kept")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="bracketed rounds; medians and spread printed"
+    )
     args = p.parse_args()
     torch.set_grad_enabled(False)
     model = rm.load_model(ROOT / "checkpoints" / "default")
@@ -146,30 +151,41 @@ def main() -> None:
           f"{tokens} tokens, {steps} steps, batch budget {budget} positions, {torch.get_num_threads()} threads")  # fmt: skip
     base = Settings(steps, (0,), ("dynamics",))
     lens = Settings(steps, (0,), ("dynamics", "lens"), default_lens_steps(steps, r))
-    rows = {
-        "plain forward": (forward_only, base),
-        "dynamics + lens": (engine, lens),
-        "dynamics only": (engine, base),
-        "+ seeds (3 seeds)": (engine, Settings(steps, (0, 1, 2), ("dynamics", "seeds"))),
+    rows = {  # (settings, batches the host part may run behind the forward)
+        "dynamics + lens": (lens, 2),
+        "… host in series": (lens, 0),
+        "dynamics only": (base, 2),
+        "+ seeds (3 seeds)": (Settings(steps, (0, 1, 2), ("dynamics", "seeds")), 2),
     }
     forward_only(model, units[:1], base, budget)  # warm-up: first-call allocations and kernels
-    best: dict[str, tuple[float, int]] = {}
-    speeds = []
-    for _ in range(args.repeats):  # interleaved rounds; the least disturbed one of each is kept
-        for name, (fn, settings) in rows.items():
-            s, n = fn(model, units, settings, budget)
-            best[name] = min(best.get(name, (s, n)), (s, n))
+    fwd_rates, rates, shares, speeds = (
+        [],
+        {name: [] for name in rows},
+        {name: [] for name in rows},
+        [],
+    )
+    for _ in range(args.repeats):
+        before = rate(forward_only(model, units, base, budget))
+        fwd_rates.append(before)
+        for name, (settings, ahead) in rows.items():
+            rates[name].append(rate(engine(model, units, settings, budget, ahead)))
+            after = rate(forward_only(model, units, base, budget))
+            shares[name].append(rates[name][-1] / ((before + after) / 2))
+            fwd_rates.append(before := after)
         forget()  # measured again each round, not the cached speed
         speeds.append(linear_speed(model, rows=budget))
     speed = max(speeds, key=lambda measured: measured.flops_per_second)
-    fwd_s, fwd_n = best.pop("plain forward")
-    fwd_rate = fwd_n / fwd_s
+    fwd_rate = statistics.median(fwd_rates)
     mean_len = round(tokens / len(tokenized))
-    flops = model.config.cost.forward_flops_per_token(mean_len, steps) * fwd_n
-    print(f"plain batched forward: {fwd_rate:8.1f} tok/s ({flops / fwd_s / 1e9:.1f} GFLOP/s; "
-          f"F.linear at the model's shapes: {speed.gflops:.1f} GFLOP/s → {flops / fwd_s / speed.flops_per_second:.0%} of the matmul floor)")  # fmt: skip
-    for name, (s, n) in best.items():
-        print(f"{name:18s}: {n / s:8.1f} tok/s = {n / s / fwd_rate:.0%} of the plain forward")
+    flops = model.config.cost.forward_flops_per_token(mean_len, steps) * fwd_rate
+    print(f"plain batched forward: {fwd_rate:8.1f} tok/s, median of {len(fwd_rates)} runs "
+          f"({min(fwd_rates):.1f}–{max(fwd_rates):.1f}; {flops / 1e9:.1f} GFLOP/s; F.linear at the "
+          f"model's shapes: {speed.gflops:.1f} GFLOP/s → {flops / speed.flops_per_second:.0%} of the matmul floor)")  # fmt: skip
+    for name in rows:
+        print(f"{name:18s}: {statistics.median(rates[name]):8.1f} tok/s = "
+              f"{statistics.median(shares[name]):.0%} of the plain forward (median of {args.repeats} "
+              f"rounds, each against the forwards run just before and after it: "
+              f"{min(shares[name]):.0%}–{max(shares[name]):.0%})")  # fmt: skip
     print_split(engine_split(model, units, lens, budget))
     one = make_units(tokenized[:2], 2048)
     s, n = engine(model, one, Settings(steps, (0,), ("dynamics", "stability")), budget)

@@ -21,7 +21,7 @@ from helpers import REPO
 import workbench as wb
 from workbench import corpus
 from workbench.collect import initial_states, run_states
-from workbench.corpus.analyses import Settings, steps_to_converge
+from workbench.corpus.analyses import Settings, lens_columns, normalise, steps_to_converge
 from workbench.corpus.engine import Job
 
 PROMPTS = [
@@ -55,6 +55,27 @@ def test_batched_states_equal_one_prompt_at_a_time(shipped_model):
     for row, ids in enumerate(prompts):
         alone = wb.collect(shipped_model, ids, STEPS, seeds=[3], progress=False, normalized=False)
         np.testing.assert_array_equal(batched[:, row, : len(ids)].numpy(), alone.raw_states[0])
+
+
+def test_blocked_arithmetic_is_the_same_bits_in_any_block(shipped_model):
+    """The engine works through a batch in cache-sized blocks (steps for the norm, positions for
+    the relative steps, rows for the lens softmax); every block size gives the same bits, and the
+    relative steps are the app's convergence frame's."""
+    prompts = [torch.tensor(shipped_model.tokenizer.encode(t)) for t in PROMPTS[1:4]]
+    raw = run_states(shipped_model, prompts, None, STEPS)
+    valid = torch.arange(raw.shape[2]) < torch.tensor([len(p) for p in prompts])[:, None]
+    norm = shipped_model.state_norm()
+    whole = torch.nn.functional.rms_norm(raw[:, valid], norm.weight.shape, norm.weight, norm.eps)
+    states = normalise(shipped_model, raw, valid)
+    assert torch.equal(states, whole)
+    one, many = (lens_columns(shipped_model, raw, valid, (1, 8), rows=n) for n in (3, 10**6))
+    assert all(torch.equal(one[name], many[name]) for name in one)
+    z = states.numpy()
+    blocks = [wb.relative_step_sizes(z, chunk=n) for n in (1, 5, 10**6)]
+    assert all(np.array_equal(b, blocks[0], equal_nan=True) for b in blocks)
+    frame = wb.convergence(z[:, : len(prompts[0])])
+    app = frame.pivot(index="step", columns="position", values="relative_step").to_numpy()[1:]
+    np.testing.assert_array_equal(app, blocks[0][:, : len(prompts[0])])
 
 
 def test_rows_equal_collect_and_classify(shipped_model, tmp_path):

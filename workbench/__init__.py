@@ -7,7 +7,7 @@ from ._frames import position_labels
 from .ablation import AblationResult, ablate_subspace, project_out_hook, token_rotation_plane
 from .checkpoint_series import checkpoint_series
 from .collect import TrajectoryTooLarge, collect, collect_sublayers
-from .convergence import convergence, steps_to_converge
+from .convergence import convergence, relative_step_sizes, steps_to_converge
 from .dynamics import classify_dynamics
 from .exits import exit_and_convergence
 from .explain_dynamics import explain_dynamics
@@ -74,6 +74,7 @@ __all__ = [
     "steering_effect",
     "steering_sweep",
     "step_dynamics",
+    "relative_step_sizes",
     "steps_to_converge",
     "stretch_attribution",
     "sublayer_lens",

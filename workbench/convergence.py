@@ -29,9 +29,7 @@ def convergence(
     distance = np.linalg.norm(z - ref[None], axis=-1)
     norms = np.linalg.norm(z, axis=-1)
     relative = np.full(distance.shape, np.nan, dtype=np.float64)
-    step_norm = np.linalg.norm(np.diff(z, axis=0), axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        relative[1:] = step_norm / norms[1:]
+    relative[1:] = relative_step_sizes(z)
     frame = position_step_frame(
         {"distance_to_final": distance, "relative_step": relative, "norm": norms}, tokens
     )
@@ -41,6 +39,22 @@ def convergence(
             raise ValueError(f"lens_frame has {len(extra)} rows, expected {len(frame)}")
         frame = frame.merge(extra, on=["position", "step"], how="left", validate="one_to_one")
     return frame
+
+
+def relative_step_sizes(states: np.ndarray, chunk: int = 16) -> np.ndarray:
+    """‖z_i − z_{i−1}‖ / ‖z_i‖ for i = 1 … steps of states (steps + 1, T, h), as float64 (steps, T).
+
+    Computed in the states' own precision (float32 stays float32, widened at the end), ``chunk``
+    positions at a time so each block's temporaries stay in cache. Every norm reduces one
+    position's h numbers, so a position's value is the same bits in any block: the app's
+    convergence frame and the corpus engine's column share them exactly."""
+    out = np.empty((max(states.shape[0] - 1, 0), states.shape[1]), dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for start in range(0, states.shape[1], chunk):
+            z = states[:, start : start + chunk]
+            step = np.linalg.norm(np.diff(z, axis=0), axis=-1)
+            out[:, start : start + chunk] = step / np.linalg.norm(z[1:], axis=-1)
+    return out
 
 
 def steps_to_converge(frame: pd.DataFrame, eps: float = 1e-2) -> pd.DataFrame:

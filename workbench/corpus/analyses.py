@@ -22,6 +22,7 @@ import torch
 
 from recurrent_model.functional import rms_norm
 
+from ..convergence import relative_step_sizes
 from ..dynamics import classify_dynamics
 from ..lenses import lens_logits
 from ..path_independence import _pairwise_mean_distance
@@ -61,29 +62,16 @@ class Settings:
             raise ValueError(f"--lens-steps must lie in 0..{self.num_steps}, got {bad}")
 
 
-def steps_to_converge(states: np.ndarray, eps: float, chunk: int = 256) -> np.ndarray:
+def steps_to_converge(states: np.ndarray, eps: float) -> np.ndarray:
     """Per position of states (steps + 1, T, h): the first step i from which every relative step
     ‖z_j − z_{j−1}‖/‖z_j‖ (j ≥ i) is below ``eps`` (1 if all are); NaN when the last one is not.
-    Computed ``chunk`` positions at a time (float64 copies of a few positions, not of all)."""
-    rel = np.concatenate(
-        [
-            _relative_steps(states[:, start : start + chunk])
-            for start in range(0, states.shape[1], chunk)
-        ]
-        or [np.zeros((states.shape[0] - 1, 0))],
-        axis=1,
-    )
-    above = ~(rel < eps)  # (steps, T); step j + 1 for row j
-    steps = rel.shape[0]
+    The relative steps are the app's convergence frame's, bit for bit (``relative_step_sizes``)."""
+    above = ~(relative_step_sizes(states) < eps)  # (steps, T); step j + 1 for row j
+    steps = above.shape[0]
     last = np.where(above.any(axis=0), steps - 1 - np.argmax(above[::-1], axis=0), -1)
     out = (last + 2).astype(np.float64)  # the step after the last one above
     out[last == steps - 1] = np.nan
     return out
-
-
-def _relative_steps(states: np.ndarray) -> np.ndarray:
-    z = states.astype(np.float64)
-    return np.linalg.norm(np.diff(z, axis=0), axis=-1) / np.linalg.norm(z[1:], axis=-1)
 
 
 def dynamics_rows(
@@ -119,13 +107,16 @@ def lens_columns(
     valid: torch.Tensor,
     steps: Sequence[int],
     chunk_bytes: int = 2**28,
+    rows: int = 16,
 ) -> dict[str, torch.Tensor]:
     """Coda-lens KL to the final prediction and entropy at ``steps`` of a batch: raw states
     (steps + 1, B, W, h) in the aligned layout on the model's device, ``valid`` (B, W) its real
     positions. ``lens_kl_{s}`` and ``lens_entropy_{s}``, each (ΣT,) on the device in run order.
 
     The runs go through the coda together, as many at a time as keep the logits within
-    ``chunk_bytes``; each run keeps its aligned rows, so its numbers do not depend on the others."""
+    ``chunk_bytes``; each run keeps its aligned rows, so its numbers do not depend on the others.
+    On the CPU the softmax, KL and entropy then take ``rows`` real positions at a time, so each
+    block stays in cache; every number is one row's own (the same bits in any block)."""
     picks = [*steps, raw.shape[0] - 1]  # the final state last
     width = raw.shape[2]
     per_run = len(picks) * width * model.config.vocab_size * 4 * 3
@@ -133,13 +124,13 @@ def lens_columns(
     kl, entropy = [], []
     for start in range(0, raw.shape[1], chunk):
         x = raw[picks, start : start + chunk].to(model.dtype).flatten(0, 1)
-        logp = torch.log_softmax(lens_logits(model, x, "coda"), dim=-1)
-        logp = logp.unflatten(0, (len(picks), -1))
-        final, logp = logp[-1], logp[:-1]
-        kl.append(
-            (final.exp() * (final - logp)).sum(-1).clamp_min(0.0)[:, valid[start : start + chunk]]
-        )
-        entropy.append(-(logp.exp() * logp).sum(-1)[:, valid[start : start + chunk]])
+        logits = lens_logits(model, x, "coda").unflatten(0, (len(picks), -1)).flatten(1, 2)
+        real = valid[start : start + chunk].flatten().nonzero().squeeze(1)
+        for block in real.split(rows if raw.device.type == "cpu" else len(real)):
+            logp = torch.log_softmax(logits[:, block], dim=-1)
+            final, logp = logp[-1], logp[:-1]
+            kl.append((final.exp() * (final - logp)).sum(-1).clamp_min(0.0))
+            entropy.append(-(logp.exp() * logp).sum(-1))
     kl, entropy = torch.cat(kl, 1).float(), torch.cat(entropy, 1).float()
     out: dict[str, torch.Tensor] = {}
     for i, step in enumerate(steps):
@@ -172,14 +163,20 @@ def stability_columns(model, run: Tokenized, num_steps: int) -> dict[str, np.nda
     }
 
 
-def normalise(model: torch.nn.Module, raw: torch.Tensor) -> torch.Tensor:
-    """The family's normalised view of raw states (Huginn: ln_f) on their device, with the
-    arithmetic of ``Trajectory.states``; states a family has normalised already stay as they
-    are."""
+def normalise(model: torch.nn.Module, raw: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The family's normalised view (Huginn: ln_f) of the real positions ``valid`` (B, W) of raw
+    states (steps + 1, B, W, h): (steps + 1, ΣT, h) on their device, with the arithmetic of
+    ``Trajectory.states``. One step at a time, so each step's temporaries stay in cache (every
+    row is normed alone: the same bits as all steps at once). States a family has normalised
+    already are only gathered."""
     norm = model.state_norm()
     if norm is None:
-        return raw
-    return rms_norm(raw.float(), norm.weight.detach().float(), float(norm.eps))
+        return raw[:, valid]
+    weight, eps = norm.weight.detach().float(), float(norm.eps)
+    out = torch.empty((raw.shape[0], int(valid.sum()), raw.shape[-1]), device=raw.device)
+    for step in range(raw.shape[0]):
+        out[step] = rms_norm(raw[step][valid].float(), weight, eps)
+    return out
 
 
 def default_lens_steps(num_steps: int, mean_recurrence: int) -> tuple[int, ...]:

@@ -42,7 +42,7 @@ from .analyses import (
 from .sources import CorpusError, read_prompts
 from .units import Run, Unit, batches, make_units, tokenize
 
-VERSION = 2  # the rows' layout and arithmetic (a run of another version is not resumed); part of the identity
+VERSION = 3  # the rows' layout and arithmetic (a run of another version is not resumed); part of the identity
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def run_batch(model: rm.RecurrentLM, runs: list[Run], settings: Settings) -> Bat
     lens = {}
     if "lens" in settings.analyses:
         lens = lens_columns(model, raw, valid, settings.lens_steps)
-    states = normalise(model, raw[:, valid])
+    states = normalise(model, raw, valid)
     tokens = [token_strings(model, item.ids) for item, _ in runs]
     lens = {name: column.cpu().numpy() for name, column in lens.items()}
     return Batch(runs, tokens, states.cpu().numpy(), lens)
