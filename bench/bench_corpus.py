@@ -115,6 +115,14 @@ def engine_split(model, units, settings, budget) -> Split:
     return Split(tokens, len(groups), forward, device, host)
 
 
+def bracketed_share(model, units, settings, budget, ahead: int) -> float:
+    """The engine's rate (host part ``ahead`` batches behind) over the mean rate of the plain
+    forwards run just before and after it."""
+    before = rate(forward_only(model, units, settings, budget))
+    engine_rate = rate(engine(model, units, settings, budget, ahead))
+    return engine_rate / ((before + rate(forward_only(model, units, settings, budget))) / 2)
+
+
 def print_split(split: Split) -> None:
     s = split
     print(f"engine split ({s.tokens} token runs, {s.batches} batches): plain forward {s.forward:.2f} s; "

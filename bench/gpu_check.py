@@ -5,8 +5,9 @@ is available; what it prints goes into docs/performance.md.
    memory against the engine's own batch estimate.
    The engine's split on the same batches: the plain batched forward, each batch's device part
    (forward, lens, normalising, one copy to the host) and its host part (classification, rows)
-   timed one after the other, and the engine with the host part on its background thread beside
-   the next batch's forward: whether the host is the bottleneck on this device. A random model's
+   timed one after the other, and the engine with the host part in series and on its background
+   thread beside the next batch's forward, each against the forwards run just before and after
+   it: whether the host is the bottleneck on this device. A random model's
    tokens rarely settle, so every token takes the classifier's full path (a trained model's
    settled tokens skip most of it): an upper bound on the host part.
 2. Every workbench analysis once on the device (collect, dynamics, convergence, path
@@ -33,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_corpus import engine_split, print_split  # noqa: E402
+from bench_corpus import bracketed_share, engine_split, print_split  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
 import workbench as wb  # noqa: E402
@@ -98,7 +99,11 @@ def split_check(model: rm.RecurrentLM, steps: int) -> None:
     settings = Settings(steps, (0,), ("dynamics", "lens"), (1, steps // 2))
     prompts = read_prompts("heldout", per_source=4)
     units = make_units(tokenize(prompts, model.tokenizer, model.config.block_size, 64)[0], 2048)
-    print_split(engine_split(model, units, settings, batch_token_budget(model, steps, None)))
+    budget = batch_token_budget(model, steps, None)
+    print_split(engine_split(model, units, settings, budget))
+    serial, overlapped = (bracketed_share(model, units, settings, budget, a) for a in (0, 2))
+    print(f"engine against the forwards beside it: host part in series {serial:.0%}, on its "
+          f"background thread two batches behind {overlapped:.0%}", flush=True)  # fmt: skip
 
 
 def analyses_check(model: rm.RecurrentLM, steps: int, device: str) -> None:
