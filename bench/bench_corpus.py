@@ -12,8 +12,8 @@ Prints, on the shipped checkpoint and the held-out sets:
 - an estimate at the Huginn-0125 shape: the cost model's FLOPs per token over the F.linear speed
   measured at its shapes in bf16 on this CPU (an estimate, labelled so).
 
-Each round runs the plain forward before and after every engine row, and the row's share is its
-rate over the mean of those two forwards' rates: a machine's speed can drift over tens of seconds
+Each round runs the plain forward (over the row's seeds) before and after every engine row, and the
+row's share is its rate over the mean of those two forwards' rates: a machine's speed can drift over tens of seconds
 (a shared host), and a row is compared only with forwards that ran beside it. The medians over
 ``--repeats`` rounds are printed, with their spread.
 
@@ -166,23 +166,25 @@ def main() -> None:
         "+ seeds (3 seeds)": (Settings(steps, (0, 1, 2), ("dynamics", "seeds")), 2),
     }
     forward_only(model, units[:1], base, budget)  # warm-up: first-call allocations and kernels
-    fwd_rates, rates, shares, speeds = (
-        [],
-        {name: [] for name in rows},
-        {name: [] for name in rows},
-        [],
-    )
+    rates: dict[str, list[float]] = {name: [] for name in rows}
+    shares: dict[str, list[float]] = {name: [] for name in rows}
+    forwards: dict[tuple[int, ...], list[float]] = {}  # plain forward rates by seeds
+    speeds = []
     for _ in range(args.repeats):
-        before = rate(forward_only(model, units, base, budget))
-        fwd_rates.append(before)
+        latest: dict[tuple[int, ...], float] = {}  # the last plain forward over a row's seeds
         for name, (settings, ahead) in rows.items():
+            runs = forwards.setdefault(settings.seeds, [])
+            if settings.seeds not in latest:
+                runs.append(rate(forward_only(model, units, settings, budget)))
+            before = latest.get(settings.seeds, runs[-1])
             rates[name].append(rate(engine(model, units, settings, budget, ahead)))
-            after = rate(forward_only(model, units, base, budget))
-            shares[name].append(rates[name][-1] / ((before + after) / 2))
-            fwd_rates.append(before := after)
+            runs.append(rate(forward_only(model, units, settings, budget)))
+            shares[name].append(rates[name][-1] / ((before + runs[-1]) / 2))
+            latest[settings.seeds] = runs[-1]
         forget()  # measured again each round, not the cached speed
         speeds.append(linear_speed(model, rows=budget))
     speed = max(speeds, key=lambda measured: measured.flops_per_second)
+    fwd_rates = forwards[base.seeds]
     fwd_rate = statistics.median(fwd_rates)
     mean_len = round(tokens / len(tokenized))
     flops = model.config.cost.forward_flops_per_token(mean_len, steps) * fwd_rate
@@ -192,7 +194,7 @@ def main() -> None:
     for name in rows:
         print(f"{name:18s}: {statistics.median(rates[name]):8.1f} tok/s = "
               f"{statistics.median(shares[name]):.0%} of the plain forward (median of {args.repeats} "
-              f"rounds, each against the forwards run just before and after it: "
+              f"rounds, each against the plain forwards over its seeds just before and after it: "
               f"{min(shares[name]):.0%}–{max(shares[name]):.0%})")  # fmt: skip
     print_split(engine_split(model, units, lens, budget))
     one = make_units(tokenized[:2], 2048)
