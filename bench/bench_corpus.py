@@ -171,16 +171,16 @@ def main() -> None:
     forwards: dict[tuple[int, ...], list[float]] = {}  # plain forward rates by seeds
     speeds = []
     for _ in range(args.repeats):
-        latest: dict[tuple[int, ...], float] = {}  # the last plain forward over a row's seeds
+        measured: set[tuple[int, ...]] = set()  # seeds whose plain forward ran this round
         for name, (settings, ahead) in rows.items():
             runs = forwards.setdefault(settings.seeds, [])
-            if settings.seeds not in latest:
+            if settings.seeds not in measured:
                 runs.append(rate(forward_only(model, units, settings, budget)))
-            before = latest.get(settings.seeds, runs[-1])
+                measured.add(settings.seeds)
+            before = runs[-1]
             rates[name].append(rate(engine(model, units, settings, budget, ahead)))
             runs.append(rate(forward_only(model, units, settings, budget)))
             shares[name].append(rates[name][-1] / ((before + runs[-1]) / 2))
-            latest[settings.seeds] = runs[-1]
         forget()  # measured again each round, not the cached speed
         speeds.append(linear_speed(model, rows=budget))
     speed = max(speeds, key=lambda measured: measured.flops_per_second)
