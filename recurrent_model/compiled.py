@@ -14,10 +14,10 @@ the diagonal).
   matmuls dominate, and one block compiles far faster than a whole prefill graph.
 
 Inductor fuses the element-wise work (norms, RoPE, SiLU, residual adds, the cache write). On the CPU
-a batch-1 decode token becomes a single C++ kernel with a C++ launcher and one memory pool for its
-intermediates (``CPU_OPTIONS``), its projections and attention written as sums (see
-:func:`functional.linear`), its attention reading the cache up to the token's position (a length
-marked dynamic, :func:`_key_ranges`). On a CUDA (or ROCm) GPU
+a batch-1 decode token becomes a single C++ kernel with a C++ launcher, one memory pool for its
+intermediates and one barrier per run of serial loops (:func:`cpu_options`), its projections and
+attention written as sums (see :func:`functional.linear`), its attention reading the cache up to the
+token's position (a length marked dynamic, :func:`_key_ranges`). On a CUDA (or ROCm) GPU
 ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache storage is kept at one
 static address per model and shape. The first call for a new shape pays the compile; later calls
 with the same shapes, depth and cache budget reuse it, and ``compile_seconds`` reports what a call
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as fn
-from . import stack
+from . import inductor_serial_chains, stack
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
 
@@ -246,8 +246,14 @@ def _source_name(source: Any) -> str:
 CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True}
 
 
+def cpu_options() -> dict[str, Any]:
+    """``CPU_OPTIONS`` and, on the torch releases it was checked on, one barrier per run of a
+    kernel's serial loops instead of one per loop (:mod:`.inductor_serial_chains`)."""
+    return {**CPU_OPTIONS, **inductor_serial_chains.compile_options()}
+
+
 class _RecordingInductor:
-    """A dynamo backend: inductor with ``CPU_OPTIONS`` that keeps, for the graph it just built,
+    """A dynamo backend: inductor with :func:`cpu_options` that keeps, for the graph it just built,
     what a direct call needs (:class:`_Captured`)."""
 
     def __init__(self) -> None:
@@ -256,7 +262,7 @@ class _RecordingInductor:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx  # the compiler loads on first use only
 
-        run = compile_fx(gm, example_inputs, config_patches=CPU_OPTIONS)
+        run = compile_fx(gm, example_inputs, config_patches=cpu_options())
         try:
             placeholders = gm.graph.find_nodes(op="placeholder")
             sources = tuple(_source_name(n.meta["grapharg"].source) for n in placeholders)
@@ -495,7 +501,7 @@ class CompileState:
     def function(self, which: str, key: tuple, mode: str | None) -> _CompiledFunction:
         """The compiled "decode" piece or "prefill" block for graph ``key`` (built on first use).
 
-        On the CPU inductor builds it with ``CPU_OPTIONS``; the CPU decode's inductor also records
+        On the CPU inductor builds it with :func:`cpu_options`; the CPU decode's inductor also records
         what a direct call needs, on the torch releases where that was checked.
         """
         held = self.functions.get((which, key))
@@ -508,7 +514,7 @@ class CompileState:
             recorder = _RecordingInductor()
             call = torch.compile(target, backend=recorder, dynamic=dynamic, fullgraph=True)
         else:
-            options = CPU_OPTIONS if mode is None else None
+            options = cpu_options() if mode is None else None
             call = torch.compile(
                 target, mode=mode, dynamic=dynamic, fullgraph=True, options=options
             )

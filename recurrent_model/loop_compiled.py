@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from . import functional as fn
 from . import llama_layers as ll
-from .compiled import CPU_OPTIONS, _CompiledFunction, _own_copy, compile_state
+from .compiled import _CompiledFunction, _own_copy, compile_state, cpu_options
 from .functional import MatvecShapes
 
 
@@ -152,7 +152,7 @@ class LoopDecode:
         key = ("loop-decode", name, self.model.device.type)
         held = self.state.functions.get(key)
         if held is None:
-            options = CPU_OPTIONS if self.model.device.type == "cpu" else None
+            options = cpu_options() if self.model.device.type == "cpu" else None
             call = torch.compile(_own_copy(target), dynamic=False, fullgraph=True, options=options)
             held = self.state.functions[key] = _CompiledFunction(call, None)
         return held.call
