@@ -42,6 +42,7 @@ import argparse
 import atexit
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,9 +62,11 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch._inductor.utils import run_and_get_code  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
 from recurrent_model import hook_names  # noqa: E402
+from recurrent_model import inductor_serial_chains as chains  # noqa: E402
 from recurrent_model.cached_forward import ChunkRunner  # noqa: E402
 from recurrent_model.compiled import CompiledDecode, choose_product, compile_state  # noqa: E402
 from recurrent_model.functional import linear  # noqa: E402
@@ -511,6 +514,22 @@ def report_floors(
     print_product_choice(model)
 
 
+def print_token_regions(source: str) -> None:
+    """The OpenMP regions of the token's kernel (the largest graph compiled): its loops shared
+    between the threads, its serial ones, and the barriers a token waits at, with and without
+    serial loops chained (``recurrent_model.inductor_serial_chains``)."""
+    pragmas = re.findall(r"#pragma omp (\w+)", source)
+    shared, chain_ends = pragmas.count("for"), pragmas.count("barrier")
+    serial = pragmas.count("single") + pragmas.count("master")
+    if pragmas.count("master"):
+        waits = f"{shared + chain_ends} barriers per token (serial loops chained)"
+    else:
+        waits = f"{shared + serial} barriers per token (one per loop: serial loops not chained"
+        waits += ")" if chains.supported() else f" on torch {torch.__version__})"
+    print(f"token kernel: {shared} loops shared between the threads, {serial} serial loops, "
+          f"{waits}; one per loop would be {shared + serial}")  # fmt: skip
+
+
 def print_product_choice(model: torch.nn.Module) -> None:
     """Per projection shape, the compiled decode's timing of both products (best round, and the
     weight bytes each streams per second), the one it picked and why."""
@@ -594,9 +613,10 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
     timed_generate(model, ids)  # warm-up
     t0 = time.perf_counter()
-    first = compiled_generate(model, ids)[3]
+    first, sources = run_and_get_code(compiled_generate, model, ids)
     print(f"one-time compile of the decode step and the {PROMPT - 1}-token prefill: "
-          f"{first.compile_seconds:.1f} s (first compiled generate call {time.perf_counter() - t0:.1f} s)")  # fmt: skip
+          f"{first[3].compile_seconds:.1f} s (first compiled generate call {time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    print_token_regions(max(sources, key=len))
     published = None
     if args.published_python and args.published_src:
         published = Published(args.published_python, args.published_src, model, ids, args.threads)

@@ -4,6 +4,8 @@ The small preset of ``bench_decode.py`` (h = 256, r = 8, float32, 2 threads, a 3
 new tokens). Each round times, side by side:
 - ``generate(compile=True)`` per token (the user's path, as ``bench_decode.py`` times it);
 - the same compiled token graphs called in a bare loop with a fixed input id ("graph only");
+- that loop over the graphs of a copy of the model compiled with one barrier per serial loop
+  ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``);
 - that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
 - that loop with a second, identical argmax ("+ the same op again"): what the op costs warm;
 - the token's projections alone, written as the compiled decode writes them, in one compiled graph,
@@ -27,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from unittest import mock
 
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
@@ -34,6 +37,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 import torch  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
+from recurrent_model import compiled  # noqa: E402
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
 from recurrent_model.generation import GenerationConfig, _Run  # noqa: E402
 from recurrent_model.sampling import Sampler  # noqa: E402
@@ -53,6 +57,17 @@ def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
     if run.compiled is None:
         raise RuntimeError("generate built no compiled decode for this model and prompt")
     return run.compiled
+
+
+def unchained_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
+    """:func:`compiled_token` for a copy of ``model`` compiled with inductor's own serial regions
+    (one barrier per serial loop, ``CPU_OPTIONS`` alone): the baseline of the chained regions
+    (``recurrent_model.inductor_serial_chains``)."""
+    twin = rm.RecurrentLM(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    with mock.patch.object(compiled, "cpu_options", lambda: dict(compiled.CPU_OPTIONS)):
+        compiled_generate(twin, ids)
+        return compiled_token(twin, ids)
 
 
 def token_loop(decode: CompiledDecode, ids: torch.Tensor, argmaxes: int) -> Callable[[], float]:
@@ -86,10 +101,12 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
     compiled_generate(model, ids)  # compiles every graph the rounds use
     decode = compiled_token(model, ids)
+    unchained = unchained_token(model, ids)
     floors, nbytes = floor_calls(model, STEPS)
     methods: dict[str, Callable[[], float]] = {
         "generate(compile=True)": lambda: 1 / compiled_generate(model, ids)[1],
         "graph only": token_loop(decode, ids, 0),
+        "graph, unchained": token_loop(unchained, ids, 0),
         "graph + argmax": token_loop(decode, ids, 1),
         "+ the same op again": token_loop(decode, ids, 2),
         "products alone": lambda: mean_time(floors["compiled"], NEW - 1),
@@ -115,6 +132,7 @@ def main() -> None:
     print("per token, paired medians:")
     print(f"  products alone - read floor   {1e6 * paired('products alone', 'read floor'):6.1f} us")
     print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
+    print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one barrier per serial loop)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
     print(f"  rest of generate's host work  {1e6 * paired('generate(compile=True)', 'graph + argmax'):6.1f} us")  # fmt: skip

@@ -184,7 +184,7 @@ def test_a_depth_sweep_compiles_past_dynamo_recompile_limit():
     )
     before = torch._dynamo.config.recompile_limit
     with torch._dynamo.config.patch(recompile_limit=1):
-        for steps in (1, 2, 3):
+        for steps in (2, 3):  # depths other tests compile too: inductor's cache serves them
             kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
             eager = model.generate(ids, 2, **kw)
             assert torch.equal(model.generate(ids, 2, compile=True, **kw), eager)
@@ -224,7 +224,8 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
     for steps, n_pieces in [(3, 1), (10, 4)]:
         kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
         assert torch.equal(model.generate(ids, 4, compile=True, **kw), model.generate(ids, 4, **kw))
-        dec = CompiledDecode(model, KVCache(cfg, 1, 16, steps), steps)
+        # generate's static cache length (9 tokens rounded up to 64): the graphs it just compiled
+        dec = CompiledDecode(model, KVCache(cfg, 1, 64, steps), steps)
         with torch.inference_mode():
             dec(ids, 0, None)
             for pos in (5, 6):  # the second token takes the direct calls

@@ -33,7 +33,7 @@ WORKING_DIRECTORIES = {
     "path_independence.ipynb": ("root",),
     "convergence.ipynb": ("notebooks",),
     "interventions.ipynb": ("root",),
-    "training_dynamics.ipynb": ("notebooks", "root"),
+    "training_dynamics.ipynb": ("notebooks",),
     "corpus.ipynb": ("notebooks",),
 }
 # What each notebook's prose says, checked on its own variables after its last cell.
