@@ -3,8 +3,9 @@
 Inductor's C++ backend fuses a whole decode token into one OpenMP parallel region. Each loop too
 small to split between threads (a norm over ``n_embd`` values, RoPE on one token, a cache write)
 becomes ``#pragma omp single``, which ends in a barrier, and one token of the small preset runs
-about 170 of them, most in runs of two or three. A barrier costs the same order of time as the loop
-it guards, so these barriers are a large share of a small model's token beyond its weight reads.
+about 170 of them, most in runs of two or three. Each barrier waits for the slower thread, so on
+cores shared with other work a thread descheduled anywhere in the token stalls the other at the
+next barrier; on idle cores a barrier costs about as much as the small loop before it.
 
 With :func:`serial_chains` among a compile's inductor options, each such loop becomes
 ``#pragma omp master`` (thread 0, no barrier), and one ``#pragma omp barrier`` precedes the next
