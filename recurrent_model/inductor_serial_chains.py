@@ -65,7 +65,7 @@ def _chaining() -> bool:
     """Whether the kernel being written belongs to a compile with :func:`serial_chains`."""
     from torch._inductor import config
 
-    return config.post_grad_custom_post_pass is serial_chains()
+    return type(config.post_grad_custom_post_pass) is type(serial_chains())  # copies count too
 
 
 def _chained_work_sharing(base: type) -> type:
