@@ -522,12 +522,14 @@ def print_token_regions(source: str) -> None:
     shared, chain_ends = pragmas.count("for"), pragmas.count("barrier")
     serial = pragmas.count("single") + pragmas.count("master")
     if pragmas.count("master"):
-        waits = f"{shared + chain_ends} barriers per token (serial loops chained)"
+        waits = (f"{shared + chain_ends} barriers per token (serial loops chained; one per loop "
+                 f"would be {shared + serial})")  # fmt: skip
     else:
         waits = f"{shared + serial} barriers per token (one per loop: serial loops not chained"
         waits += ")" if chains.supported() else f" on torch {torch.__version__})"
-    print(f"token kernel: {shared} loops shared between the threads, {serial} serial loops, "
-          f"{waits}; one per loop would be {shared + serial}")  # fmt: skip
+    print(
+        f"token kernel: {shared} loops shared between the threads, {serial} serial loops, {waits}"
+    )
 
 
 def print_product_choice(model: torch.nn.Module) -> None:

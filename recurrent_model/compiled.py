@@ -45,6 +45,7 @@ from . import functional as fn
 from . import inductor_serial_chains, stack
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
+from .torch_release import torch_release
 
 if TYPE_CHECKING:
     from .config import RecurrentConfig
@@ -76,12 +77,6 @@ Outputs = tuple[int | None, int | None]
 #: reads dynamo's record of where each graph input comes from, which is internal to torch. Other
 #: releases compile with plain torch.compile.
 DIRECT_CALL_TORCH = ((2, 13),)
-
-
-def torch_release() -> tuple[int, int]:
-    """(major, minor) of the running torch."""
-    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()  # type: ignore[union-attr]
-    return int(major), int(minor)
 
 
 def direct_calls_supported() -> bool:

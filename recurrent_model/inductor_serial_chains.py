@@ -29,16 +29,14 @@ from typing import Any
 
 import torch
 
+from .torch_release import torch_release
+
 #: torch releases whose inductor ``WorkSharing`` (``parallel``/``single``/``close``, one per
 #: kernel group) this module's subclass was checked against.
 CHECKED_TORCH = ((2, 13),)
 
 
-def _release() -> tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
-
-
+@functools.cache
 def _module_hash() -> str:
     with open(__file__, "rb") as source:
         return hashlib.sha256(source.read()).hexdigest()
@@ -98,7 +96,7 @@ def _chained_work_sharing(base: type) -> type:
 
 def supported() -> bool:
     """Whether this torch's inductor is one the chained regions were checked against."""
-    return _release() in CHECKED_TORCH
+    return torch_release() in CHECKED_TORCH
 
 
 def install() -> bool:

@@ -86,7 +86,7 @@ def test_no_barrier_where_a_new_region_starts_or_outside_any_region(monkeypatch)
 
 
 def test_an_unchecked_torch_gets_no_option_and_no_code_generator(monkeypatch):
-    monkeypatch.setattr(chains, "_release", lambda: (9, 9))
+    monkeypatch.setattr(chains, "torch_release", lambda: (9, 9))
     assert not chains.install()
     assert cpu_options() == CPU_OPTIONS
 
