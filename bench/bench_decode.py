@@ -534,7 +534,8 @@ def print_token_regions(source: str) -> None:
 
 def print_product_choice(model: torch.nn.Module) -> None:
     """Per projection shape, the compiled decode's timing of both products (best round, and the
-    weight bytes each streams per second), the one it picked and why."""
+    weight bytes each streams per second), the one it picked and why; and where torch's product was
+    faster alone, the check on whole tokens that kept it or not."""
     names = {"sum": "sum-written", "matvec": "torch matvec"}
     for (shape, dtype), timing in sorted(compile_state(model).products.items(), key=str):
         choice = choose_product(timing)
@@ -543,6 +544,10 @@ def print_product_choice(model: torch.nn.Module) -> None:
                          for n, t in timing.best.items())  # fmt: skip
         print(f"  projection {shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')}: {best} "
               f"-> {names[choice.product]} ({choice.reason})")  # fmt: skip
+    for check in compile_state(model).token_checks.values():
+        best = ", ".join(f"{names[n]} {1e6 * t:.0f} us" for n, t in check.timing.best.items())
+        print(f"  whole tokens with torch's products at {list(check.shapes)}: {best} per token "
+              f"-> {names[check.choice.product]} ({check.choice.reason})")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:

@@ -396,6 +396,62 @@ def choose_product(timing: ProductTiming) -> ProductChoice:
     )
 
 
+#: The token check (:func:`check_on_tokens`): rounds, and tokens per variant in each round.
+TOKEN_CHECK_ROUNDS, TOKEN_CHECK_TOKENS = 5, 3
+
+
+class TokenCheck(NamedTuple):
+    """Whole decode tokens with torch's products at ``shapes`` against every product sum-written
+    (``timing``: seconds per token, "matvec" and "sum" per round) and the decision."""
+
+    shapes: tuple[tuple[int, int], ...]
+    timing: ProductTiming
+    choice: ProductChoice
+
+
+def time_tokens(decodes: dict[str, CompiledDecode], rounds: int, tokens: int) -> ProductTiming:
+    """Seconds per decode token of each of ``decodes`` (same model and cache), ``tokens`` tokens at
+    positions 0… per turn, the decodes alternating within each of ``rounds`` rounds after one
+    untimed turn each (which compiles)."""
+    ids = torch.zeros(decodes["sum"].cache.kv.shape[1], 1, dtype=torch.long,
+                      device=decodes["sum"].model.device)  # fmt: skip
+
+    def turn(decode: CompiledDecode) -> float:
+        t0 = time.perf_counter()
+        for position in range(tokens):
+            decode(ids, position, None)
+        return (time.perf_counter() - t0) / tokens
+
+    with torch.inference_mode():
+        for decode in decodes.values():
+            turn(decode)
+        return ProductTiming(tuple({n: turn(d) for n, d in decodes.items()} for _ in range(rounds)))
+
+
+def check_on_tokens(decode: CompiledDecode, shapes: tuple[tuple[int, int], ...]) -> TokenCheck:
+    """Whether torch's products at ``shapes`` (faster alone, :meth:`CompileState.matvec_shapes`)
+    also make ``decode``'s whole token faster than every product sum-written.
+
+    Each such product leaves the token's one fused kernel: the token becomes a kernel per layer call
+    with an extern call between them, a cost the products timed alone do not carry. So both tokens
+    are compiled and timed (:func:`time_tokens`) and judged as products are
+    (:func:`choose_product`). The tokens write the decode's cache, which is restored afterwards."""
+    cache = decode.cache
+    decodes = {
+        name: CompiledDecode(decode.model, cache, decode.num_steps, decode.mode, matvec=matvec)
+        for name, matvec in (("matvec", shapes), ("sum", ()))
+    }
+    saved, span = cache.kv.clone(), (cache.start, cache.end, cache.is_causal, cache.mask)
+    try:
+        tokens = min(TOKEN_CHECK_TOKENS, cache.max_length)
+        timing = time_tokens(decodes, TOKEN_CHECK_ROUNDS, tokens)
+    finally:
+        cache.kv.copy_(saved)
+        cache.start, cache.end, cache.is_causal, cache.mask = span
+    decode.compile_seconds += sum(d.compile_seconds for d in decodes.values())
+    return TokenCheck(shapes, timing, choose_product(timing))
+
+
 #: The compiled timing graphs of one :class:`CompileState`, by ("sum" | "matvec", shape, dtype).
 TimingFunctions = dict[tuple[str, tuple[int, int], torch.dtype], Callable]
 
@@ -451,11 +507,13 @@ class CompileState:
     - one compiled function per graph key (:func:`_own_copy`), and which keys have compiled;
     - the decode graphs callable without dynamo (:class:`_DirectGraph`), per graph key;
     - per projection shape, the measured choice of a CPU batch-1 product (:meth:`matvec_shapes`)
-      and the compiled graphs that timed it.
+      and the compiled graphs that timed it; per token graph, the whole-token check of torch's
+      products where they were faster alone (:func:`check_on_tokens`).
     """
 
     def __init__(self) -> None:
         self.products: dict[tuple[tuple[int, int], torch.dtype], ProductTiming] = {}
+        self.token_checks: dict[tuple, TokenCheck] = {}
         self.timing_functions: TimingFunctions = {}
         self.storage: tuple[tuple, torch.Tensor] | None = None
         self.functions: dict[tuple, _CompiledFunction] = {}
@@ -613,8 +671,16 @@ class CompiledDecode:
     """Fixed-depth chunks of ``model`` over ``cache``: compiled decode token, per-layer prefill."""
 
     def __init__(
-        self, model: RecurrentLM, cache: KVCache, num_steps: int, mode: str | None = None
+        self,
+        model: RecurrentLM,
+        cache: KVCache,
+        num_steps: int,
+        mode: str | None = None,
+        matvec: fn.MatvecShapes | None = None,
     ) -> None:
+        """``matvec``: the weight shapes a batch-1 CPU token multiplies with torch's
+        matrix-vector product; None: those faster here, alone and in the whole token
+        (:meth:`CompileState.matvec_shapes`, :func:`check_on_tokens`)."""
         if num_steps > cache.max_steps:
             raise ValueError(f"num_steps {num_steps} exceeds the cache's {cache.max_steps} steps")
         self.model, self.cache, self.num_steps, self.mode = model, cache, num_steps, mode
@@ -630,10 +696,11 @@ class CompiledDecode:
         self.pieces = self._plan(slots, prelude, core, coda)
         self.state = compile_state(model)
         self.weights = LayerStack.of(model)
-        if cache.kv.shape[1] == 1 and model.device.type == "cpu" and mode is None:
-            # batch-1 CPU decode: each projection shape as whichever product is faster here
+        measure = matvec is None and cache.kv.shape[1] == 1
+        measure = measure and model.device.type == "cpu" and mode is None
+        if measure:  # each projection shape as whichever product is faster here, checked below
             matvec = self.state.matvec_shapes(model.config, model.dtype)
-            self.weights = self.weights._replace(matvec=matvec)
+        self.weights = self.weights._replace(matvec=tuple(matvec or ()))
         # what a decode token reads besides its ids: the whole RoPE table (the graph picks its row)
         # and one position tensor per cache position, built once instead of per token
         self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
@@ -643,6 +710,16 @@ class CompiledDecode:
         self.zero_state: torch.Tensor | None = None
         self.direct: dict[int, _DirectGraph | None] = {}  # per piece, once looked up
         self.compile_seconds = 0.0
+        if measure and self.weights.matvec:  # on whole tokens, once the decode can run them
+            self.weights = self.weights._replace(matvec=self._checked(self.weights.matvec))
+
+    def _checked(self, shapes: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """``shapes`` if their torch products also make the whole token faster, else none
+        (:func:`check_on_tokens`, once per shapes and token graph in the model's state)."""
+        key = (shapes, self.shape_key, self.num_steps, self.cache.kv.shape)
+        if key not in self.state.token_checks:
+            self.state.token_checks[key] = check_on_tokens(self, shapes)
+        return shapes if self.state.token_checks[key].choice.product == "matvec" else ()
 
     @staticmethod
     def _plan(

@@ -382,6 +382,76 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
     assert len(calls) == len(shapes)
 
 
+def _square_matvec(monkeypatch):
+    """Product timings in which torch's product is faster for the square (attention output)
+    weights only."""
+    from recurrent_model import compiled as C
+
+    def fake_timing(shape, dtype, functions):
+        square = shape[0] == shape[1]
+        return C.ProductTiming(({"sum": 2.0 if square else 1.0, "matvec": 1.0 if square else 2.0},))
+
+    monkeypatch.setattr(C, "time_products", fake_timing)
+
+
+@pytest.mark.parametrize("faster", ["sum", "matvec"])
+def test_products_faster_alone_are_kept_only_when_the_whole_token_is_faster(monkeypatch, faster):
+    # Torch's product leaves the token's fused kernel, so a shape where it is faster alone goes to
+    # a check on whole tokens; the decision is made once per token graph.
+    from recurrent_model import compiled as C
+
+    _square_matvec(monkeypatch)
+    calls = []
+
+    def fake_tokens(decodes, rounds, tokens):
+        calls.append({name: d.weights.matvec for name, d in decodes.items()})
+        fast, slow = {"sum": 1.0, "matvec": 2.0}, {"sum": 2.0, "matvec": 1.0}
+        return C.ProductTiming(((fast if faster == "sum" else slow),) * rounds)
+
+    monkeypatch.setattr(C, "time_tokens", fake_tokens)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    h = model.config.n_embd
+    cache = rm.KVCache(model.config, 1, 64, 2)
+    decode = C.CompiledDecode(model, cache, 2)
+    assert calls == [{"matvec": ((h, h),), "sum": ()}]
+    assert decode.weights.matvec == (((h, h),) if faster == "matvec" else ())
+    check = next(iter(C.compile_state(model).token_checks.values()))
+    assert check.shapes == ((h, h),) and check.choice.product == faster
+    assert C.CompiledDecode(model, cache, 2).weights.matvec == decode.weights.matvec
+    assert len(calls) == 1  # checked once
+    assert C.CompiledDecode(model, rm.KVCache(model.config, 2, 64, 2), 2).weights.matvec == ()
+    assert len(calls) == 1  # batch 2 takes torch's kernels without a check
+
+
+@pytest.mark.slow
+def test_the_token_check_runs_both_tokens_and_leaves_the_cache_as_it_was(monkeypatch):
+    from recurrent_model import compiled as C
+
+    _square_matvec(monkeypatch)
+    monkeypatch.setattr(C, "TOKEN_CHECK_ROUNDS", 1)
+    monkeypatch.setattr(C, "TOKEN_CHECK_TOKENS", 2)
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    cache = rm.KVCache(model.config, 1, 64, 2)
+    cache.kv.normal_()
+    cache.begin(5, 3)
+    before = cache.kv.clone(), cache.start, cache.end, cache.mask
+    decode = C.CompiledDecode(model, cache, 2)
+    assert torch.equal(cache.kv, before[0]) and (cache.start, cache.end) == before[1:3]
+    assert cache.mask is before[3]
+    (check,) = C.compile_state(model).token_checks.values()
+    assert set(check.timing.rounds[0]) == {"sum", "matvec"}
+    assert check.choice == C.choose_product(check.timing)
+    assert decode.compile_seconds > 0  # both tokens compiled in the check
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(1)
+    )
+    kw = dict(num_steps=2, stop_tokens=(), init_scale=0.0)
+    eager = model.generate(ids, 4, **kw)
+    assert torch.equal(model.generate(ids, 4, compile=True, **kw), eager)
+    assert len(C.compile_state(model).token_checks) == 1  # generate's decode reused the decision
+
+
 def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
     # Each shape's timing graph lives on a code object of its own and is traced once, from inside
     # inference mode or not, so a low dynamo limit (the depth sweep above, a process that times
