@@ -221,11 +221,13 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
     cfg = rm.preset("tiny")
     model = rm.RecurrentLM(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
-    for steps, n_pieces in [(3, 1), (10, 4)]:
-        kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0)
+    # the depths and cache budgets of other tests' graphs (the depth sweep's 3, the chunked budgeted
+    # decode's 10 over 4 slots), so that inductor's cache serves them
+    for steps, n_pieces, budget in [(3, 1, None), (10, 4, 4)]:
+        kw = dict(num_steps=steps, stop_tokens=(), init_scale=0.0, cache_budget=budget)
         assert torch.equal(model.generate(ids, 4, compile=True, **kw), model.generate(ids, 4, **kw))
         # generate's static cache length (9 tokens rounded up to 64): the graphs it just compiled
-        dec = CompiledDecode(model, KVCache(cfg, 1, 64, steps), steps)
+        dec = CompiledDecode(model, KVCache(cfg, 1, 64, steps, budget), steps)
         with torch.inference_mode():
             dec(ids, 0, None)
             for pos in (5, 6):  # the second token takes the direct calls
