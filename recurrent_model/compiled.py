@@ -435,18 +435,20 @@ def check_on_tokens(decode: CompiledDecode, shapes: tuple[tuple[int, int], ...])
     Each such product leaves the token's one fused kernel: the token becomes a kernel per layer call
     with an extern call between them, a cost the products timed alone do not carry. So both tokens
     are compiled and timed (:func:`time_tokens`) and judged as products are
-    (:func:`choose_product`). The tokens write the decode's cache, which is restored afterwards."""
+    (:func:`choose_product`). The tokens write the decode's cache at their positions, which are
+    restored afterwards."""
     cache = decode.cache
     decodes = {
         name: CompiledDecode(decode.model, cache, decode.num_steps, decode.mode, matvec=matvec)
         for name, matvec in (("matvec", shapes), ("sum", ()))
     }
-    saved, span = cache.kv.clone(), (cache.start, cache.end, cache.is_causal, cache.mask)
+    tokens = min(TOKEN_CHECK_TOKENS, cache.max_length)
+    written = cache.kv[:, :, :, :tokens]  # (slots, B, 2·heads, positions, head_dim)
+    saved, span = written.clone(), (cache.start, cache.end, cache.is_causal, cache.mask)
     try:
-        tokens = min(TOKEN_CHECK_TOKENS, cache.max_length)
         timing = time_tokens(decodes, TOKEN_CHECK_ROUNDS, tokens)
     finally:
-        cache.kv.copy_(saved)
+        written.copy_(saved)
         cache.start, cache.end, cache.is_causal, cache.mask = span
     decode.compile_seconds += sum(d.compile_seconds for d in decodes.values())
     return TokenCheck(shapes, timing, choose_product(timing))
