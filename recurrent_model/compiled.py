@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from . import functional as fn
 from . import inductor_serial_chains, stack
+from .inductor_isa import isa_options
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
 from .torch_release import torch_release
@@ -242,9 +243,10 @@ CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True}
 
 
 def cpu_options() -> dict[str, Any]:
-    """``CPU_OPTIONS`` and, on the torch releases it was checked on, one barrier per run of a
-    kernel's serial loops instead of one per loop (:mod:`.inductor_serial_chains`)."""
-    return {**CPU_OPTIONS, **inductor_serial_chains.compile_options()}
+    """``CPU_OPTIONS``, the vector ISA picked here (:mod:`.inductor_isa`) and, on the torch
+    releases it was checked on, one barrier per run of a kernel's serial loops instead of one per
+    loop (:mod:`.inductor_serial_chains`)."""
+    return {**CPU_OPTIONS, **isa_options(), **inductor_serial_chains.compile_options()}
 
 
 class _RecordingInductor:
@@ -471,7 +473,10 @@ def _timing_function(
     if key not in functions:
         target = _sum_written_products if name == "sum" else _matvec_products
         functions[key] = torch.compile(
-            _own_copy(target), dynamic=False, fullgraph=True, options={"cpp_wrapper": True}
+            _own_copy(target),
+            dynamic=False,
+            fullgraph=True,
+            options={"cpp_wrapper": True, **isa_options()},
         )
     return functions[key]
 
