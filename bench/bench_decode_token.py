@@ -9,7 +9,8 @@ new tokens). Each round times, side by side:
 - that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
 - that loop with a second, identical argmax ("+ the same op again"): what the op costs warm;
 - the token's projections alone, written as the compiled decode writes them, in one compiled graph,
-  and the torch.sum read floor of the token's weights (both ``bench_decode.floor_calls``).
+  the read floor of the token's weights (each read once in one compiled kernel) and the same reads
+  as one torch.sum per weight (all three ``bench_decode.floor_calls``).
 
 The differences, as paired per-round medians, split a token into: its products against the read
 floor, the rest of the graph (attention, norms, RoPE, the threads' synchronisation),
@@ -111,6 +112,7 @@ def main() -> None:
         "+ the same op again": token_loop(decode, ids, 2),
         "products alone": lambda: mean_time(floors["compiled"], NEW - 1),
         "read floor": lambda: mean_time(floors["read"], NEW - 1),
+        "torch.sum reads": lambda: mean_time(floors["torch.sum"], NEW - 1),
     }
     times: dict[str, list[float]] = {name: [] for name in methods}
     order = list(methods)
@@ -131,6 +133,7 @@ def main() -> None:
               f"read floor / this: best over best {min(floor) / min(values):6.1%}, paired median {share:6.1%}")  # fmt: skip
     print("per token, paired medians:")
     print(f"  products alone - read floor   {1e6 * paired('products alone', 'read floor'):6.1f} us")
+    print(f"  torch.sum reads - read floor  {1e6 * paired('torch.sum reads', 'read floor'):6.1f} us (per-op dispatch, torch's full reduction)")  # fmt: skip
     print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
     print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one barrier per serial loop)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
