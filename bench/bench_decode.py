@@ -459,8 +459,9 @@ def bench_shape(title: str, model: torch.nn.Module, steps: int, weights: list[to
     """bf16 tokens of a large random ``model``, eager and (``compiled``) compiled: per round one
     generate call, then the torch.sum read floor of ``weights``, those one token reads (the
     machine's bandwidth drifts between rounds; with megabytes per weight the per-op dispatch that
-    keeps torch.sum off the floor on the small preset (:func:`floor_calls`) is a small share here); eager and compiled each ``rounds`` calls, the
-    compiled ones after a first (compiling) call. Greedy from the same prompt, so both must give
+    keeps torch.sum off the floor on the small preset, :func:`floor_calls`, is a small share
+    here); eager and compiled each ``rounds`` calls, the compiled ones after a first (compiling)
+    call. Greedy from the same prompt, so both must give
     the same tokens (printed)."""
     ids = torch.randint(
         0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1)

@@ -41,6 +41,7 @@ import recurrent_model as rm  # noqa: E402
 from recurrent_model import compiled  # noqa: E402
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
 from recurrent_model.generation import GenerationConfig, _Run  # noqa: E402
+from recurrent_model.inductor_isa import isa_options  # noqa: E402
 from recurrent_model.sampling import Sampler  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -62,11 +63,12 @@ def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
 
 def unchained_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
     """:func:`compiled_token` for a copy of ``model`` compiled with inductor's own serial regions
-    (one barrier per serial loop, ``CPU_OPTIONS`` alone): the baseline of the chained regions
-    (``recurrent_model.inductor_serial_chains``)."""
+    (one barrier per serial loop: ``CPU_OPTIONS`` and the ISA's width alone): the baseline of the
+    chained regions (``recurrent_model.inductor_serial_chains``)."""
     twin = rm.RecurrentLM(model.config).eval()
     twin.load_state_dict(model.state_dict())
-    with mock.patch.object(compiled, "cpu_options", lambda: dict(compiled.CPU_OPTIONS)):
+    unchained_options = lambda: {**compiled.CPU_OPTIONS, **isa_options()}  # noqa: E731
+    with mock.patch.object(compiled, "cpu_options", unchained_options):
         compiled_generate(twin, ids)
         return compiled_token(twin, ids)
 

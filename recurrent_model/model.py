@@ -24,6 +24,7 @@ from .diffusion import DiffusionOutput, generate_diffusion
 from .generation import GenerationOutput, generate
 from .hooked import HookedModel
 from .hooks import HookPoint
+from .inductor_isa import isa_options
 from .layers import RMSNorm, SandwichBlock, rope_table
 from .saving import save_pretrained
 from .stack import CacheSlots, LayerCache, LayerStack, StackHooks, run_module
@@ -154,8 +155,12 @@ class RecurrentLM(HookedModel):
         """torch.compile each sandwich block, so norms, RoPE, SiLU and residual adds fuse.
 
         Opt-in: compilation takes tens of seconds, and fused float arithmetic may differ from the
-        eager model in the last bits. Hooks keep working (attaching one recompiles).
+        eager model in the last bits. Hooks keep working (attaching one recompiles). On the CPU
+        inductor's options name the vector ISA picked here (:mod:`.inductor_isa`) unless given.
         """
+        if self.device.type == "cpu" and compile_kwargs.get("backend", "inductor") == "inductor":
+            options = compile_kwargs.get("options") or {}
+            compile_kwargs = {**compile_kwargs, "options": {**isa_options(), **options}}
         for block in self.blocks():
             block.compile(**compile_kwargs)
         return self

@@ -8,8 +8,10 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
+import recurrent_model as rm
 from recurrent_model.compiled import cpu_options
 from recurrent_model.inductor_isa import isa_options
 
@@ -33,6 +35,18 @@ PROBE = textwrap.dedent(
 
 def test_cpu_options_name_the_picked_width() -> None:
     assert isa_options().items() <= cpu_options().items()
+
+
+def test_compile_blocks_names_the_width_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict] = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    model = rm.RecurrentLM(rm.preset("tiny"))
+    model.compile_blocks(options={"cpp_wrapper": True, "cpp.simdlen": 128})
+    model.compile_blocks(backend="eager")
+    n = len(model.blocks())
+    assert [kw.get("options") for kw in seen] == [
+        {**isa_options(), "cpp_wrapper": True, "cpp.simdlen": 128}
+    ] * n + [None] * n
 
 
 def test_the_width_follows_aten_cpu_capability(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from recurrent_model import inductor_serial_chains as chains
 from recurrent_model.compiled import CPU_OPTIONS, cpu_options
+from recurrent_model.inductor_isa import isa_options
 
 
 class _Lines:
@@ -88,7 +89,7 @@ def test_no_barrier_where_a_new_region_starts_or_outside_any_region(monkeypatch)
 def test_an_unchecked_torch_gets_no_option_and_no_code_generator(monkeypatch):
     monkeypatch.setattr(chains, "torch_release", lambda: (9, 9))
     assert not chains.install()
-    assert cpu_options() == CPU_OPTIONS
+    assert cpu_options() == {**CPU_OPTIONS, **isa_options()}
 
 
 def _norm_between_products(x, w1, w2, g):
