@@ -14,10 +14,12 @@ from __future__ import annotations
 
 def isa_options() -> dict[str, int]:
     """``{"cpp.simdlen": bits}`` of the ISA inductor picks in this process; empty when it picks
-    none (no vector ISA: inductor's scalar code, the same under every pick)."""
+    none (inductor's scalar code, the same under every pick) or when ``cpp.simdlen`` is set already
+    (the user's pick, and in the key)."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa  # the compiler loads on first use only
 
-    with config.patch({"cpp.simdlen": None}):
-        width = pick_vec_isa().bit_width()
+    if config.cpp.simdlen is not None:
+        return {}
+    width = pick_vec_isa().bit_width()
     return {"cpp.simdlen": width} if width else {}

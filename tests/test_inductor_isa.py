@@ -58,6 +58,13 @@ def test_the_width_follows_aten_cpu_capability(monkeypatch: pytest.MonkeyPatch) 
     assert isa_options() == {}
 
 
+def test_a_width_set_by_the_user_is_left_to_them() -> None:
+    from torch._inductor import config
+
+    with config.patch({"cpp.simdlen": 256}):
+        assert isa_options() == {}
+
+
 @pytest.mark.slow
 def test_a_graph_cached_for_a_wider_isa_is_not_served_to_a_narrower_one(tmp_path) -> None:
     """A process picking AVX2 after one picking AVX-512, over one inductor cache, gets its own
