@@ -13,8 +13,10 @@ set is kept.
   another CPU's kernel path on this one) changes the vector code inductor generates, but not the key
   of its graph cache: a graph compiled under the native path and reloaded under ``avx2`` computed
   wrong products (torch 2.13). So a process with the variable set compiles into a cache directory of
-  its own, ``<the default>/aten-<capability>``. Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` at its
-  first compile.
+  its own, ``<the default>/aten-<capability>``. Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` at each
+  cache access, and writes its default there when ``torch._inductor`` is imported: that value is
+  inductor's, not the user's, and is replaced too. The project's own compiled graphs also carry the
+  ISA in their options (:mod:`.inductor_isa`), which keeps them apart in any one directory.
 """
 
 from __future__ import annotations
@@ -36,13 +38,15 @@ def request_thread_independent_products(environ: MutableMapping[str, str] | None
 
 def separate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> str | None:
     """Point inductor at a cache directory of the ATen CPU capability in force when
-    ``ATEN_CPU_CAPABILITY`` is set and ``TORCHINDUCTOR_CACHE_DIR`` is not; returns the directory
-    set, or None (the default cache serves the native path)."""
+    ``ATEN_CPU_CAPABILITY`` is set and ``TORCHINDUCTOR_CACHE_DIR`` is unset or inductor's default
+    (which importing ``torch._inductor`` writes there); returns the directory set, or None (the
+    default cache serves the native path, a directory the user chose is kept)."""
     environ = os.environ if environ is None else environ
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    if not capability or "TORCHINDUCTOR_CACHE_DIR" in environ:
-        return None
     base = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
+    chosen = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not capability or (chosen is not None and os.path.abspath(chosen) != base):
+        return None
     environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"aten-{capability}")
     return environ["TORCHINDUCTOR_CACHE_DIR"]
 

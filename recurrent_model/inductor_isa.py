@@ -5,8 +5,10 @@ cache keys a graph on the compile options, not on that pick. A graph generated f
 stepping 16 floats) and served from the cache to a process that picks AVX2 is compiled for vectors of
 8: its loads and stores run past their vectors and the results are garbage (NaN in the compiled
 prefill). ``cpp.simdlen`` set to the picked ISA's width selects that same ISA and puts the width in
-the cache key, so each ISA gets graphs generated for it. ISAs of one width (AVX-512 with and
-without AMX) still share graphs: inductor uses AMX only in its matmul templates (max-autotune).
+the cache key, so each ISA gets graphs generated for it in any cache directory: a process's own per
+capability (:mod:`.cpu_kernels`) or one shared by machines of different CPUs. ISAs of one width
+(AVX-512 with and without AMX) still share graphs: inductor uses AMX only in its matmul templates
+(max-autotune).
 """
 
 from __future__ import annotations

@@ -54,10 +54,20 @@ def test_a_graph_compiled_natively_is_not_reused_on_the_avx2_path(tmp_path):
     assert native < 1e-5 and avx2 < 1e-5
 
 
+def test_the_avx2_path_gets_its_cache_when_inductor_was_imported_first():
+    code = "import os, torch._inductor.utils, recurrent_model; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    assert _run(code, ATEN_CPU_CAPABILITY="avx2").endswith("aten-avx2")
+
+
 def test_settings_the_user_made_are_kept():
     assert request_thread_independent_products({}) == "AUTO,STRICT"
     assert request_thread_independent_products({"MKL_CBWR": "AVX2"}) == "AVX2"
     assert separate_inductor_cache({}) is None  # the native path keeps inductor's default
     assert separate_inductor_cache({"ATEN_CPU_CAPABILITY": "AVX2"}).endswith("aten-avx2")
+    default = separate_inductor_cache({"ATEN_CPU_CAPABILITY": "avx2"}).removesuffix("/aten-avx2")
+    inductors = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": default}
+    assert separate_inductor_cache(inductors).endswith(
+        "aten-avx2"
+    )  # inductor's default, not a choice
     mine = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/mine"}
     assert separate_inductor_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
