@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import tempfile
 from collections.abc import MutableMapping
 
@@ -43,7 +44,7 @@ def separate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> 
     default cache serves the native path, a directory the user chose is kept)."""
     environ = os.environ if environ is None else environ
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    base = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
+    base = os.path.abspath(os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
     chosen = environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not capability or (chosen is not None and os.path.abspath(chosen) != base):
         return None
@@ -52,11 +53,12 @@ def separate_inductor_cache(environ: MutableMapping[str, str] | None = None) -> 
 
 
 def _user() -> str:
-    """The user name inductor's default cache directory is named after."""
+    """The user name inductor's default cache directory is named after (as inductor writes it)."""
     try:
-        return getpass.getuser()
+        name = getpass.getuser()
     except (KeyError, OSError):  # no passwd entry and no USER: inductor names it by uid too
-        return f"uid_{os.getuid()}"
+        name = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", name)
 
 
 def configure(environ: MutableMapping[str, str] | None = None) -> None:

@@ -66,8 +66,6 @@ def test_settings_the_user_made_are_kept():
     assert separate_inductor_cache({"ATEN_CPU_CAPABILITY": "AVX2"}).endswith("aten-avx2")
     default = separate_inductor_cache({"ATEN_CPU_CAPABILITY": "avx2"}).removesuffix("/aten-avx2")
     inductors = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": default}
-    assert separate_inductor_cache(inductors).endswith(
-        "aten-avx2"
-    )  # inductor's default, not a choice
+    assert separate_inductor_cache(inductors).endswith("aten-avx2")  # inductor's, not a choice
     mine = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/mine"}
     assert separate_inductor_cache(mine) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
