@@ -5,7 +5,9 @@ new tokens). Each round times, side by side:
 - ``generate(compile=True)`` per token (the user's path, as ``bench_decode.py`` times it);
 - the same compiled token graphs called in a bare loop with a fixed input id ("graph only");
 - that loop over the graphs of a copy of the model compiled with one barrier per serial loop
-  ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``);
+  ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``), and of one whose
+  launcher makes a tensor of each pooled intermediate ("graph, pooled tensors": without
+  ``inductor_pool_pointers``);
 - that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
 - that loop with a second, identical argmax ("+ the same op again"): what the op costs warm;
 - the token's projections alone, written as the compiled decode writes them, in one compiled graph,
@@ -41,7 +43,6 @@ import recurrent_model as rm  # noqa: E402
 from recurrent_model import compiled  # noqa: E402
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
 from recurrent_model.generation import GenerationConfig, _Run  # noqa: E402
-from recurrent_model.inductor_isa import isa_options  # noqa: E402
 from recurrent_model.sampling import Sampler  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,14 +62,13 @@ def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
     return run.compiled
 
 
-def unchained_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
-    """:func:`compiled_token` for a copy of ``model`` compiled with inductor's own serial regions
-    (one barrier per serial loop: ``CPU_OPTIONS`` and the ISA's width alone): the baseline of the
-    chained regions (``recurrent_model.inductor_serial_chains``)."""
+def twin_token(model: rm.RecurrentLM, ids: torch.Tensor, without: str) -> CompiledDecode:
+    """:func:`compiled_token` for a copy of ``model`` compiled with ``compiled.cpu_options`` less the
+    inductor option ``without``: the baseline of that option's code generator."""
     twin = rm.RecurrentLM(model.config).eval()
     twin.load_state_dict(model.state_dict())
-    unchained_options = lambda: {**compiled.CPU_OPTIONS, **isa_options()}  # noqa: E731
-    with mock.patch.object(compiled, "cpu_options", unchained_options):
+    options = {k: v for k, v in compiled.cpu_options().items() if k != without}
+    with mock.patch.object(compiled, "cpu_options", lambda: options):
         compiled_generate(twin, ids)
         return compiled_token(twin, ids)
 
@@ -104,12 +104,14 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
     compiled_generate(model, ids)  # compiles every graph the rounds use
     decode = compiled_token(model, ids)
-    unchained = unchained_token(model, ids)
+    unchained = twin_token(model, ids, "post_grad_custom_post_pass")
+    pooled_tensors = twin_token(model, ids, "post_grad_custom_pre_pass")
     floors, nbytes = floor_calls(model, STEPS)
     methods: dict[str, Callable[[], float]] = {
         "generate(compile=True)": lambda: 1 / compiled_generate(model, ids)[1],
         "graph only": token_loop(decode, ids, 0),
         "graph, unchained": token_loop(unchained, ids, 0),
+        "graph, pooled tensors": token_loop(pooled_tensors, ids, 0),
         "graph + argmax": token_loop(decode, ids, 1),
         "+ the same op again": token_loop(decode, ids, 2),
         "products alone": lambda: mean_time(floors["compiled"], NEW - 1),
@@ -138,6 +140,7 @@ def main() -> None:
     print(f"  torch.sum reads - read floor  {1e6 * paired('torch.sum reads', 'read floor'):6.1f} us (per-op dispatch, torch's full reduction)")  # fmt: skip
     print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
     print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one barrier per serial loop)")  # fmt: skip
+    print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
     print(f"  rest of generate's host work  {1e6 * paired('generate(compile=True)', 'graph + argmax'):6.1f} us")  # fmt: skip

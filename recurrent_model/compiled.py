@@ -14,12 +14,12 @@ the diagonal).
   matmuls dominate, and one block compiles far faster than a whole prefill graph.
 
 Inductor fuses the element-wise work (norms, RoPE, SiLU, residual adds, the cache write). On the CPU
-a batch-1 decode token becomes a single C++ kernel with a C++ launcher, one memory pool for its
-intermediates and one barrier per run of serial loops (:func:`cpu_options`), its projections and
-attention written as sums (see :func:`functional.linear`), its attention reading the cache up to the
-token's position (a length marked dynamic, :func:`_key_ranges`). On a CUDA (or ROCm) GPU
-``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache storage is kept at one
-static address per model and shape. The first call for a new shape pays the compile; later calls
+a batch-1 decode token becomes a single C++ kernel with a C++ launcher, its intermediates raw
+pointers into one memory pool and one barrier per run of serial loops (:func:`cpu_options`), its
+projections and attention written as sums (see :func:`functional.linear`), its attention reading
+the cache up to the token's position (a length marked dynamic, :func:`_key_ranges`). On a CUDA (or
+ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache storage is kept
+at one static address per model and shape. The first call for a new shape pays the compile; later calls
 with the same shapes, depth and cache budget reuse it, and ``compile_seconds`` reports what a call
 paid. On the CPU, a decode piece's later calls skip dynamo altogether (:class:`_DirectGraph`), on
 the torch releases in ``DIRECT_CALL_TORCH``.
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as fn
-from . import inductor_serial_chains, stack
+from . import inductor_pool_pointers, inductor_serial_chains, stack
 from .inductor_isa import isa_options
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
@@ -237,16 +237,23 @@ def _source_name(source: Any) -> str:
 
 #: Inductor options of the CPU graphs: a C++ launcher (a decode token is ~100 loops over ~60
 #: inputs, for which a Python launcher costs far more), and one memory pool for the intermediate
-#: buffers. A token fused into one kernel keeps all its ~270 intermediates alive at once, so
-#: inductor cannot reuse them; without the pool the launcher allocates and frees each one per call.
+#: buffers. A token fused into one kernel keeps all its intermediates alive at once, so inductor
+#: cannot reuse them; without the pool the launcher allocates and frees each one per call, and with
+#: it still makes a tensor of each (:mod:`.inductor_pool_pointers` makes them pointers).
 CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True}
 
 
 def cpu_options() -> dict[str, Any]:
     """``CPU_OPTIONS``, the vector ISA picked here (:mod:`.inductor_isa`) and, on the torch
-    releases it was checked on, one barrier per run of a kernel's serial loops instead of one per
-    loop (:mod:`.inductor_serial_chains`)."""
-    return {**CPU_OPTIONS, **isa_options(), **inductor_serial_chains.compile_options()}
+    releases they were checked on, one barrier per run of a kernel's serial loops instead of one per
+    loop (:mod:`.inductor_serial_chains`) and pooled intermediates as raw pointers in the C++
+    launcher (:mod:`.inductor_pool_pointers`)."""
+    return {
+        **CPU_OPTIONS,
+        **isa_options(),
+        **inductor_serial_chains.compile_options(),
+        **inductor_pool_pointers.compile_options(),
+    }
 
 
 class _RecordingInductor:
@@ -713,7 +720,8 @@ class CompiledDecode:
         self.rope = torch.view_as_real(model.rope_at(0, cache.max_length))
         self.positions = torch.arange(cache.max_length, device=model.device).split(1)
         self.keys = _key_ranges(cache.max_length, model.device, dynamic=mode is None)
-        self.shape_key = (cache.kv.shape[1], cache.max_length, model.dtype, mode)
+        self.dtype = model.dtype  # read per token: the model's property walks its parameters
+        self.shape_key = (cache.kv.shape[1], cache.max_length, self.dtype, mode)
         self.zero_state: torch.Tensor | None = None
         self.direct: dict[int, _DirectGraph | None] = {}  # per piece, once looked up
         self.compile_seconds = 0.0
@@ -783,7 +791,7 @@ class CompiledDecode:
         positions, key_valid, keys = self.positions[start], self.cache.key_valid, self.keys[start]
         for i, piece in enumerate(self.pieces):
             direct = self.direct.get(i)
-            if direct is not None and state.dtype == self.model.dtype:
+            if direct is not None and state.dtype == self.dtype:
                 state, x = direct(x, positions, state, key_valid, keys)
                 continue
             key = (*self.shape_key, key_valid is None, self.weights.matvec, *piece.key)
@@ -797,7 +805,7 @@ class CompiledDecode:
         for the key before, else through torch.compile (compiling on the key's first call) and its
         direct caller looked up."""
         per_token = [args[_PIECE_ARGS.index(name)] for name in _PER_TOKEN_ARGS]
-        same_dtype = per_token[_PER_TOKEN_ARGS.index("state")].dtype == self.model.dtype
+        same_dtype = per_token[_PER_TOKEN_ARGS.index("state")].dtype == self.dtype
         if self.mode is None and key in self.state.direct and same_dtype:
             direct = self.direct[i] = self.state.direct_graph(key, None, args, ())
             return direct(*per_token)  # type: ignore[misc]

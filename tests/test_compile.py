@@ -306,6 +306,9 @@ def test_one_decode_graph_serves_every_key_count_from_a_full_first_token_on(monk
         return record(self, gm, example_inputs)
 
     monkeypatch.setattr(C._RecordingInductor, "__call__", counted)
+    # the per-shape product timing may pick torch's product under load, and its whole-token check
+    # builds graphs of its own: this test counts the decode's graphs, so every product is sum-written
+    monkeypatch.setattr(C.CompileState, "matvec_shapes", lambda self, config, dtype: ())
     torch.manual_seed(0)
     cfg = rm.preset("tiny")
     model = rm.RecurrentLM(cfg).eval()

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from recurrent_model import inductor_pool_pointers as pool_pointers
 from recurrent_model import inductor_serial_chains as chains
 from recurrent_model.compiled import CPU_OPTIONS, cpu_options
 from recurrent_model.inductor_isa import isa_options
@@ -88,6 +89,7 @@ def test_no_barrier_where_a_new_region_starts_or_outside_any_region(monkeypatch)
 
 def test_an_unchecked_torch_gets_no_option_and_no_code_generator(monkeypatch):
     monkeypatch.setattr(chains, "torch_release", lambda: (9, 9))
+    monkeypatch.setattr(pool_pointers, "torch_release", lambda: (9, 9))
     assert not chains.install()
     assert cpu_options() == {**CPU_OPTIONS, **isa_options()}
 
