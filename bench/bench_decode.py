@@ -68,9 +68,13 @@ import recurrent_model as rm  # noqa: E402
 from recurrent_model import hook_names  # noqa: E402
 from recurrent_model import inductor_serial_chains as chains  # noqa: E402
 from recurrent_model.cached_forward import ChunkRunner  # noqa: E402
-from recurrent_model.compiled import CompiledDecode, choose_product, compile_state  # noqa: E402
+from recurrent_model.compiled import (  # noqa: E402
+    CompiledDecode,
+    choose_product,
+    compile_state,
+    cpu_options,
+)
 from recurrent_model.functional import linear  # noqa: E402
-from recurrent_model.inductor_isa import isa_options  # noqa: E402
 from recurrent_model.loop_compiled import layer_weights  # noqa: E402
 from recurrent_model.ouro import OuroConfig, OuroLM  # noqa: E402
 
@@ -304,6 +308,8 @@ def floor_calls(model: rm.RecurrentLM, steps: int) -> tuple[dict[str, Callable[[
     cannot merge the reads of a reused weight into one. "torch.sum" is the same reads dispatched one
     op at a time from Python: the host's per-op work and torch's full reduction on top of the bytes,
     so the compiled products can beat it and it is no floor; printed as the reference of older rows.
+    Both compiled floors take the compiled decode's inductor options (``compiled.cpu_options``: the
+    same launcher, memory pool and ISA), so neither pays host work the decode does not.
     """
     calls = token_weights(model, steps)
     inputs = {n: torch.randn(1, 1, n) for n in {w.shape[1] for w in calls}}
@@ -320,7 +326,7 @@ def floor_calls(model: rm.RecurrentLM, steps: int) -> tuple[dict[str, Callable[[
             x = linear(x, w)
         return x
 
-    compiled = torch.compile(chain, fullgraph=True, options={"cpp_wrapper": True, **isa_options()})
+    compiled = torch.compile(chain, fullgraph=True, options=cpu_options())
     start = torch.randn(1, 1, model.config.n_embd)
 
     @torch.inference_mode()
@@ -330,9 +336,7 @@ def floor_calls(model: rm.RecurrentLM, steps: int) -> tuple[dict[str, Callable[[
     def row_sums(weights: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat([w.sum(1) for w in weights])
 
-    compiled_reads = torch.compile(
-        row_sums, fullgraph=True, options={"cpp_wrapper": True, **isa_options()}
-    )
+    compiled_reads = torch.compile(row_sums, fullgraph=True, options=cpu_options())
     views = [w[:] for w in calls]  # one input per read: a reused weight is read at each use
 
     @torch.inference_mode()
