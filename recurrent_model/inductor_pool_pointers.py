@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import re
 from collections import defaultdict
 from typing import Any, NamedTuple
 
+from .inductor_marks import mark
 from .torch_release import torch_release
 
 #: torch releases whose C++ launcher (``CppWrapperCpu``: pool allocation and view lines, handle
@@ -139,25 +139,11 @@ def rewrite(source: str) -> str:
 
 
 @functools.cache
-def _module_hash() -> str:
-    with open(__file__, "rb") as source:
-        return hashlib.sha256(source.read()).hexdigest()
-
-
-@functools.cache
 def pool_pointers() -> Any:
     """The option's value: a post-grad pre-pass that changes nothing, present to select the
-    rewritten launcher and to key inductor's cache (its ``uuid``: this module's source)."""
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class PoolPointers(CustomGraphPass):
-        def __call__(self, graph: Any) -> None:
-            return None
-
-        def uuid(self) -> str:
-            return _module_hash()
-
-    return PoolPointers()
+    rewritten launcher and to key inductor's cache by this module's source
+    (:func:`inductor_marks.mark`)."""
+    return mark("PoolPointers", __file__)
 
 
 def _selected() -> bool:

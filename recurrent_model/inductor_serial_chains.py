@@ -24,11 +24,9 @@ once per process, on the torch releases whose ``WorkSharing`` it was written aga
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Any
 
-import torch
-
+from .inductor_marks import mark
 from .torch_release import torch_release
 
 #: torch releases whose inductor ``WorkSharing`` (``parallel``/``single``/``close``, one per
@@ -37,26 +35,10 @@ CHECKED_TORCH = ((2, 13),)
 
 
 @functools.cache
-def _module_hash() -> str:
-    with open(__file__, "rb") as source:
-        return hashlib.sha256(source.read()).hexdigest()
-
-
-@functools.cache
 def serial_chains() -> Any:
     """The option's value: a post-grad pass that changes nothing, present to select chained serial
-    regions and to key inductor's cache (its ``uuid``: this module's source). Built on first use:
-    inductor's pass classes load with the compiler."""
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class SerialChains(CustomGraphPass):
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            return None
-
-        def uuid(self) -> str:
-            return _module_hash()
-
-    return SerialChains()
+    regions and to key inductor's cache by this module's source (:func:`inductor_marks.mark`)."""
+    return mark("SerialChains", __file__)
 
 
 def _chaining() -> bool:

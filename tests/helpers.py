@@ -143,3 +143,18 @@ def launch(
 def relative_error(a, b) -> float:
     """max |a − b| / max |b| of two tensors: an error relative to the reference's scale."""
     return float((a.detach().float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def compiled_with_code(function, options: dict, inputs: tuple, threads: int | None = None):
+    """``function(*inputs)`` through a fresh ``torch.compile`` with inductor ``options`` and no graph
+    cache (``threads``: inductor's ``cpp.threads``): (output, the generated code as one string)."""
+    import torch
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = torch.compile(function, fullgraph=True, options=options)
+    patches = {"fx_graph_cache": False, **({"cpp.threads": threads} if threads else {})}
+    with config.patch(patches):
+        out, codes = run_and_get_code(compiled, *inputs)
+    return out, "\n".join(codes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import compiled_with_code
 
 from recurrent_model import inductor_pool_pointers as pool_pointers
 from recurrent_model.compiled import CPU_OPTIONS
@@ -80,30 +81,21 @@ def _norm_between_products(x, w1, w2, g):
     return h * torch.rsqrt(h.pow(2).mean() + 1e-6)
 
 
-def _compiled(options: dict, inputs: tuple) -> tuple[torch.Tensor, str]:
-    from torch._inductor import config
-    from torch._inductor.utils import run_and_get_code
-
-    torch._dynamo.reset()
-    compiled = torch.compile(_norm_between_products, fullgraph=True, options=options)
-    with config.patch({"fx_graph_cache": False}):
-        out, codes = run_and_get_code(compiled, *inputs)
-    return out, "\n".join(codes)
-
-
 @pytest.mark.skipif(not pool_pointers.supported(), reason="the rewrite is for checked releases")
 def test_a_compiled_launcher_passes_pool_pointers_and_computes_the_same_bits():
     g = torch.Generator().manual_seed(0)
     inputs = (torch.randn(512, generator=g), torch.randn(256, 512, generator=g),
               torch.randn(1024, 256, generator=g), torch.randn(256, generator=g))  # fmt: skip
     options = {**CPU_OPTIONS, **isa_options()}
-    plain, plain_code = _compiled(options, inputs)
-    rewritten, code = _compiled({**options, **pool_pointers.compile_options()}, inputs)
+    plain, plain_code = compiled_with_code(_norm_between_products, options, inputs)
+    with_pointers = {**options, **pool_pointers.compile_options()}
+    rewritten, code = compiled_with_code(_norm_between_products, with_pointers, inputs)
     assert torch.equal(rewritten, plain)
     assert "aoti_torch__alloc_from_pool" in plain_code and "_ptr = " not in plain_code
     assert code.count("aoti_torch__alloc_from_pool") < plain_code.count(
         "aoti_torch__alloc_from_pool"
     )
     assert "_ptr = static_cast<char*>(pool" in code
-    again, _ = _compiled(options, inputs)  # a compile without the option is inductor's own
+    # a compile without the option is inductor's own again
+    again, _ = compiled_with_code(_norm_between_products, options, inputs)
     assert torch.equal(again, plain)

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from helpers import compiled_with_code
 
 from recurrent_model import inductor_pool_pointers as pool_pointers
 from recurrent_model import inductor_serial_chains as chains
@@ -101,24 +102,17 @@ def _norm_between_products(x, w1, w2, g):
     return (h[None, :] * w2).sum(-1)
 
 
-def _compiled_code(options: dict, inputs: tuple) -> tuple[torch.Tensor, str]:
-    from torch._inductor import config
-    from torch._inductor.utils import run_and_get_code
-
-    torch._dynamo.reset()
-    compiled = torch.compile(_norm_between_products, fullgraph=True, options=options)
-    with config.patch({"fx_graph_cache": False, "cpp.threads": 2}):
-        out, codes = run_and_get_code(compiled, *inputs)
-    return out, "\n".join(codes)
-
-
 @pytest.mark.skipif(not chains.supported(), reason="chained regions are for checked torch releases")
 def test_a_compiled_kernel_chains_its_serial_loops_and_computes_the_same_bits():
     g = torch.Generator().manual_seed(0)
     inputs = (torch.randn(1024, generator=g), torch.randn(256, 1024, generator=g),
               torch.randn(2048, 256, generator=g), torch.randn(256, generator=g))  # fmt: skip
-    plain, plain_code = _compiled_code(dict(CPU_OPTIONS), inputs)
-    chained, chained_code = _compiled_code(cpu_options(), inputs)
+    plain, plain_code = compiled_with_code(
+        _norm_between_products, dict(CPU_OPTIONS), inputs, threads=2
+    )
+    chained, chained_code = compiled_with_code(
+        _norm_between_products, cpu_options(), inputs, threads=2
+    )
     assert torch.equal(chained, plain)
     assert "#pragma omp single" in plain_code and "#pragma omp master" not in plain_code
     pragmas = re.findall(r"#pragma omp (\w+)", chained_code)
