@@ -11,11 +11,11 @@ the other threads wait at the kernel's start.
 With :func:`pool_pointers` among a compile's inductor options, the launcher's source is rewritten
 after inductor writes it (:func:`rewrite`). A pooled buffer whose every use is ``.data_ptr()`` or
 ``.reset()``, and whose views are such buffers too, becomes ``char* bufN_ptr`` = its pool's address
-+ its byte offset (a view: its base's pointer + offset × item size); its uses read the pointer and
-its resets go. A buffer used any other way (a graph output, an argument of an ATen call, a buffer
-handed on under another name for reuse) stays a tensor, and so does every view of it. The kernels
-receive the same addresses as before, so they compute the same bits; lines keep their numbers, so
-inductor's line map still holds.
++ its byte offset (a view: its base's pointer + offset × item size; a buffer handed on for reuse:
+the same pointer under the new name); its uses read the pointer and its resets go. A buffer used any
+other way (a graph output, an argument of an ATen call) stays a tensor, and so does every view of it
+and every buffer it is handed on to or from. The kernels receive the same addresses as before, so
+they compute the same bits; lines keep their numbers, so inductor's line map still holds.
 
 The option is a post-grad pre-pass that leaves the graph unchanged; inductor keys its graph cache by
 its :meth:`uuid` (this module's source), so a rewritten launcher and inductor's own never share an
@@ -48,6 +48,7 @@ _VIEW = re.compile(
     r"auto (buf\d+) = wrap_with_raii_handle_if_needed\(reinterpret_tensor_wrapper\("
     r"(buf\d+), \d+, \w+, \w+, (.+)\)\);  // alias"
 )
+_REUSE = re.compile(r"auto (buf\d+) = std::move\((buf\d+)\);  // reuse")
 _BUFFER = re.compile(r"\bbuf\d+\b")
 _POINTER_USE = re.compile(r"\b(buf\d+)(\.data_ptr\(\)|\.reset\(\);)")
 _ITEM_SIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
@@ -59,8 +60,8 @@ class _Pooled(NamedTuple):
 
     lines: tuple[int, ...]  # the lines that make it; the last one defines its name
     address: str  # C++ expression of its first byte, as char*
-    item_size: int  # bytes per element (a view's offset counts elements)
-    base: str | None  # the buffer a view is of
+    item_size: int | None  # bytes per element (a view's offset counts them); None: not known
+    base: str | None  # the buffer a view is of, or that a reused one takes over
 
 
 def _pooled(lines: list[str]) -> dict[str, _Pooled]:
@@ -81,7 +82,11 @@ def _pooled(lines: list[str]) -> dict[str, _Pooled]:
         elif (m := _VIEW.fullmatch(text)) is not None and m.group(2) in pooled:
             name, base, offset = m.groups()
             size = pooled[base].item_size
-            pooled[name] = _Pooled((i,), f"{base}_ptr + ({offset}) * {size}", size, base)
+            if size is not None:
+                pooled[name] = _Pooled((i,), f"{base}_ptr + ({offset}) * {size}", size, base)
+        elif (m := _REUSE.fullmatch(text)) is not None and m.group(2) in pooled:
+            name, base = m.groups()  # the same bytes, maybe another dtype: no views of it
+            pooled[name] = _Pooled((i,), f"{base}_ptr", None, base)
     return pooled
 
 

@@ -34,10 +34,16 @@ def _launcher() -> str:
         _VIEW.format(b=6, base=5, offset="0L"),
         _ALLOC.format(h=3, offset="256L", dtype="float32", b=7),  # handed on for reuse
         "    auto buf8 = std::move(buf7);  // reuse",
+        _ALLOC.format(h=5, offset="768L", dtype="float32", b=10),  # reused, then an ATen argument
+        "    auto buf11 = std::move(buf10);  // reuse",
+        _ALLOC.format(h=6, offset="1024L", dtype="float32", b=13),  # reused, then viewed
+        "    auto buf14 = std::move(buf13);  // reuse",
+        _VIEW.format(b=15, base=14, offset="4L"),
         _ALLOC.format(h=4, offset="512L", dtype="float32", b=9),  # an ATen call's argument
         "    cpp_fused_0((float*)(buf1.data_ptr()), (bfloat16*)(buf4.data_ptr()), "
         "(float*)(buf5.data_ptr()), (float*)(buf8.data_ptr()), (float*)(buf12.data_ptr()));",
         "    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_foo(buf9, buf3.data_ptr()));",
+        "    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_foo(buf11, buf15.data_ptr()));",
         "    buf2.reset(); buf3.reset();",
         "    pool0.reset(); buf1.reset(); buf8.reset(); buf9.reset(); buf4.reset();",
         "    output_handles[0] = buf6.release();",
@@ -53,12 +59,15 @@ def test_pointer_only_buffers_become_pointers_into_their_pool_and_the_rest_stay_
     assert "    char* buf2_ptr = static_cast<char*>(pool0.data_ptr()) + (64L);" in lines
     assert "    char* buf3_ptr = buf2_ptr + (8L) * 2;" in lines  # bf16: 2 bytes per element
     assert "    char* buf4_ptr = buf3_ptr + (2L) * 2;" in lines  # a view of a view
+    assert "    char* buf8_ptr = buf7_ptr;" in lines  # reuse: the same bytes under a new name
     assert ("    cpp_fused_0((float*)(static_cast<void*>(buf1_ptr)), "
             "(bfloat16*)(static_cast<void*>(buf4_ptr)), (float*)(buf5.data_ptr()), "
-            "(float*)(buf8.data_ptr()), (float*)(buf12.data_ptr()));") in lines  # fmt: skip
+            "(float*)(static_cast<void*>(buf8_ptr)), (float*)(buf12.data_ptr()));") in lines  # fmt: skip
     assert "aoti_torch_cpu_foo(buf9, static_cast<void*>(buf3_ptr))" in out
-    assert "    pool0.reset();  buf8.reset(); buf9.reset(); " in lines  # only pointers' resets go
-    for kept in (5, 6, 7, 9):  # an output's base, the output, a reused buffer, an ATen argument
+    assert "    pool0.reset();   buf9.reset(); " in lines  # only pointers' resets go
+    # an output's base and the output, an ATen argument, a reused buffer that becomes one, and a
+    # reused buffer that is viewed (its dtype may differ from the buffer it took over)
+    for kept in (5, 6, 9, 10, 11, 13, 14, 15):
         assert f"auto buf{kept} = " in out and f"buf{kept}_ptr" not in out
     assert "tmp_tensor_handle_0" not in out and "tmp_tensor_handle_2" in out
 
