@@ -59,6 +59,7 @@ class _Pooled(NamedTuple):
     """A buffer the launcher makes from a pool or as a view of such a buffer."""
 
     lines: tuple[int, ...]  # the lines that make it; the last one defines its name
+    pool: str  # the pool its bytes are in
     address: str  # C++ expression of its first byte, as char*
     item_size: int | None  # bytes per element (a view's offset counts them); None: not known
     base: str | None  # the buffer a view is of, or that a reused one takes over
@@ -78,22 +79,28 @@ def _pooled(lines: list[str]) -> dict[str, _Pooled]:
         elif (m := _HANDLE.fullmatch(text)) is not None and m.group(2) in allocations:
             at, pool, offset, size = allocations.pop(m.group(2))
             address = f"static_cast<char*>({pool}.data_ptr()) + ({offset})"
-            pooled[m.group(1)] = _Pooled((at - 1, at, i), address, size, None)
+            pooled[m.group(1)] = _Pooled((at - 1, at, i), pool, address, size, None)
         elif (m := _VIEW.fullmatch(text)) is not None and m.group(2) in pooled:
             name, base, offset = m.groups()
             size = pooled[base].item_size
             if size is not None:
-                pooled[name] = _Pooled((i,), f"{base}_ptr + ({offset}) * {size}", size, base)
+                address = f"{base}_ptr + ({offset}) * {size}"
+                pooled[name] = _Pooled((i,), pooled[base].pool, address, size, base)
         elif (m := _REUSE.fullmatch(text)) is not None and m.group(2) in pooled:
             name, base = m.groups()  # the same bytes, maybe another dtype: no views of it
-            pooled[name] = _Pooled((i,), f"{base}_ptr", None, base)
+            pooled[name] = _Pooled((i,), pooled[base].pool, f"{base}_ptr", None, base)
     return pooled
 
 
 def _pointer_only(lines: list[str], pooled: dict[str, _Pooled]) -> set[str]:
     """The pooled buffers used only through ``.data_ptr()``, ``.reset()`` and views that are
-    themselves pointer-only; a view of a buffer that stays a tensor stays a tensor too."""
+    themselves pointer-only, and only before their pool is released (a tensor keeps its pool's
+    bytes alive, a pointer does not); a view of a buffer that stays a tensor stays a tensor too."""
     made_on = {i: name for name, p in pooled.items() for i in p.lines}
+    released = {}  # pool -> the first line that releases it
+    for i, line in enumerate(lines):
+        for pool in re.findall(r"\b(\w+)\.reset\(\);", line):
+            released.setdefault(pool, i)
     kept: set[str] = set()
     for i, line in enumerate(lines):
         for m in _BUFFER.finditer(line):
@@ -102,7 +109,10 @@ def _pointer_only(lines: list[str], pooled: dict[str, _Pooled]) -> set[str]:
                 continue
             if i in made_on and pooled[made_on[i]].base == name:
                 continue  # the line that makes a view of it: decided with the view below
-            if not line.startswith((".data_ptr()", ".reset();"), m.end()):
+            read = line.startswith(".data_ptr()", m.end())
+            if i >= released.get(pooled[name].pool, len(lines)) and read:
+                kept.add(name)  # read after its pool is released: only a tensor keeps the bytes
+            elif not (read or line.startswith(".reset();", m.end())):
                 kept.add(name)
     views = defaultdict(list)
     for name, p in pooled.items():

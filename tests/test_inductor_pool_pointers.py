@@ -72,6 +72,20 @@ def test_pointer_only_buffers_become_pointers_into_their_pool_and_the_rest_stay_
     assert "tmp_tensor_handle_0" not in out and "tmp_tensor_handle_2" in out
 
 
+def test_a_buffer_read_after_its_pool_is_released_stays_a_tensor():
+    source = "\n".join([
+        _ALLOC.format(h=0, offset="0L", dtype="float32", b=1),
+        _ALLOC.format(h=1, offset="64L", dtype="float32", b=2),
+        "    cpp_fused_0((float*)(buf1.data_ptr()), (float*)(buf2.data_ptr()));",
+        "    pool0.reset(); buf1.reset();",
+        "    cpp_fused_1((float*)(buf2.data_ptr()));",  # the tensor keeps the pool's bytes alive
+        "    buf2.reset();",
+    ])  # fmt: skip
+    out = pool_pointers.rewrite(source)
+    assert "char* buf1_ptr" in out and "buf2_ptr" not in out
+    assert "cpp_fused_1((float*)(buf2.data_ptr()));" in out
+
+
 def test_a_launcher_without_pooled_buffers_is_returned_as_it_is():
     source = "    auto buf0 = RAIIAtenTensorHandle(tmp_tensor_handle_0);\n    buf0.reset();"
     assert pool_pointers.rewrite(source) == source
