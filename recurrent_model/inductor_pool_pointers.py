@@ -10,12 +10,13 @@ the other threads wait at the kernel's start.
 
 With :func:`pool_pointers` among a compile's inductor options, the launcher's source is rewritten
 after inductor writes it (:func:`rewrite`). A pooled buffer whose every use is ``.data_ptr()`` or
-``.reset()``, and whose views are such buffers too, becomes ``char* bufN_ptr`` = its pool's address
-+ its byte offset (a view: its base's pointer + offset × item size; a buffer handed on for reuse:
-the same pointer under the new name); its uses read the pointer and its resets go. A buffer used any
-other way (a graph output, an argument of an ATen call) stays a tensor, and so does every view of it
-and every buffer it is handed on to or from. The kernels receive the same addresses as before, so
-they compute the same bits; lines keep their numbers, so inductor's line map still holds.
+``.reset()``, none of them a read after its pool is released, and whose views are such buffers too,
+becomes ``char* bufN_ptr`` = its pool's address + its byte offset (a view: its base's pointer +
+offset × item size; a buffer handed on for reuse: the same pointer under the new name); its uses
+read the pointer and its resets go. A buffer used any other way (a graph output, an argument of an
+ATen call) stays a tensor, and so does every view of it and every buffer it is handed on to or from.
+The kernels receive the same addresses as before, so they compute the same bits; lines keep their
+numbers, so inductor's line map still holds.
 
 The option is a post-grad pre-pass that leaves the graph unchanged; inductor keys its graph cache by
 its :meth:`uuid` (this module's source), so a rewritten launcher and inductor's own never share an
