@@ -40,7 +40,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 import torch  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
-from recurrent_model import compiled  # noqa: E402
+from recurrent_model import compiled, inductor_pool_pointers, inductor_serial_chains  # noqa: E402
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
 from recurrent_model.generation import GenerationConfig, _Run  # noqa: E402
 from recurrent_model.sampling import Sampler  # noqa: E402
@@ -62,12 +62,14 @@ def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
     return run.compiled
 
 
-def twin_token(model: rm.RecurrentLM, ids: torch.Tensor, without: str) -> CompiledDecode:
+def twin_token(
+    model: rm.RecurrentLM, ids: torch.Tensor, without: dict[str, object]
+) -> CompiledDecode:
     """:func:`compiled_token` for a copy of ``model`` compiled with ``compiled.cpu_options`` less the
-    inductor option ``without``: the baseline of that option's code generator."""
+    inductor options ``without`` (a code generator's ``compile_options()``): its baseline."""
     twin = rm.RecurrentLM(model.config).eval()
     twin.load_state_dict(model.state_dict())
-    options = {k: v for k, v in compiled.cpu_options().items() if k != without}
+    options = {k: v for k, v in compiled.cpu_options().items() if k not in without}
     with mock.patch.object(compiled, "cpu_options", lambda: options):
         compiled_generate(twin, ids)
         return compiled_token(twin, ids)
@@ -104,8 +106,8 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
     compiled_generate(model, ids)  # compiles every graph the rounds use
     decode = compiled_token(model, ids)
-    unchained = twin_token(model, ids, "post_grad_custom_post_pass")
-    pooled_tensors = twin_token(model, ids, "post_grad_custom_pre_pass")
+    unchained = twin_token(model, ids, inductor_serial_chains.compile_options())
+    pooled_tensors = twin_token(model, ids, inductor_pool_pointers.compile_options())
     floors, nbytes = floor_calls(model, STEPS)
     methods: dict[str, Callable[[], float]] = {
         "generate(compile=True)": lambda: 1 / compiled_generate(model, ids)[1],

@@ -52,6 +52,7 @@ _VIEW = re.compile(
 _REUSE = re.compile(r"auto (buf\d+) = std::move\((buf\d+)\);  // reuse")
 _BUFFER = re.compile(r"\bbuf\d+\b")
 _POINTER_USE = re.compile(r"\b(buf\d+)(\.data_ptr\(\)|\.reset\(\);)")
+_RELEASE = re.compile(r"\b(\w+)\.reset\(\);")
 _ITEM_SIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
 
@@ -100,7 +101,7 @@ def _pointer_only(lines: list[str], pooled: dict[str, _Pooled]) -> set[str]:
     made_on = {i: name for name, p in pooled.items() for i in p.lines}
     released = {}  # pool -> the first line that releases it
     for i, line in enumerate(lines):
-        for pool in re.findall(r"\b(\w+)\.reset\(\);", line):
+        for pool in _RELEASE.findall(line):
             released.setdefault(pool, i)
     kept: set[str] = set()
     for i, line in enumerate(lines):
@@ -111,9 +112,10 @@ def _pointer_only(lines: list[str], pooled: dict[str, _Pooled]) -> set[str]:
             if i in made_on and pooled[made_on[i]].base == name:
                 continue  # the line that makes a view of it: decided with the view below
             read = line.startswith(".data_ptr()", m.end())
-            if i >= released.get(pooled[name].pool, len(lines)) and read:
-                kept.add(name)  # read after its pool is released: only a tensor keeps the bytes
-            elif not (read or line.startswith(".reset();", m.end())):
+            reset = line.startswith(".reset();", m.end())
+            # read after its pool is released: only a tensor keeps the bytes alive
+            late = read and i >= released.get(pooled[name].pool, len(lines))
+            if not (read or reset) or late:
                 kept.add(name)
     views = defaultdict(list)
     for name, p in pooled.items():
