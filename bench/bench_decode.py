@@ -319,11 +319,16 @@ def floor_calls(model: rm.RecurrentLM, steps: int) -> tuple[dict[str, Callable[[
         for w in calls:
             F.linear(inputs[w.shape[1]], w)
 
+    # Each product scales a random input's norm by about ‖w‖_F / √in; undone after each, so that
+    # the chain's values stay normal floats (dozens of products shrink them into the subnormal
+    # range, where some CPUs take a slow path for every multiply)
+    gains = [w.shape[1] ** 0.5 / w.float().norm().item() for w in calls]
+
     def chain(weights: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        for w in weights:
+        for w, gain in zip(weights, gains, strict=True):
             n = w.shape[1]
             x = torch.cat([x] * -(-n // x.shape[-1]), dim=-1)[..., :n]
-            x = linear(x, w)
+            x = linear(x, w) * gain
         return x
 
     compiled = torch.compile(chain, fullgraph=True, options=cpu_options())
@@ -550,18 +555,23 @@ def report_floors(
 def print_token_regions(source: str) -> None:
     """The OpenMP regions of the token's kernel (the largest graph compiled): its loops shared
     between the threads, its serial ones, and the barriers a token waits at, with and without
-    serial loops chained (``recurrent_model.inductor_serial_chains``)."""
+    serial loops chained (``recurrent_model.inductor_serial_chains``): each region's own spinning
+    barriers and OpenMP's (a region's end, a shared loop's end, ``omp barrier``)."""
     pragmas = re.findall(r"#pragma omp (\w+)", source)
-    shared, chain_ends = pragmas.count("for"), pragmas.count("barrier")
-    serial = pragmas.count("single") + pragmas.count("master")
+    shared, serial = pragmas.count("for"), pragmas.count("single") + pragmas.count("master")
+    spinning = len(re.findall(r"\bbarrier_\d+\(\);", source))
+    regions = pragmas.count("parallel")  # each ends in a barrier
+    waits = regions + pragmas.count("barrier") + pragmas.count("single") + spinning
+    waits += len(re.findall(r"#pragma omp for(?! nowait)", source))  # ends in a barrier
     if pragmas.count("master"):
-        waits = (f"{shared + chain_ends} barriers per token (serial loops chained; one per loop "
-                 f"would be {shared + serial})")  # fmt: skip
+        waits_text = (f"{waits} barriers per token, {spinning} of them the kernel's own spinning "
+                      f"ones (serial loops chained; one per loop would be {regions + shared + serial})")  # fmt: skip
     else:
-        waits = f"{shared + serial} barriers per token (one per loop: serial loops not chained"
-        waits += ")" if chains.supported() else f" on torch {torch.__version__})"
+        waits_text = f"{waits} barriers per token (one per loop: serial loops not chained"
+        waits_text += ")" if chains.supported() else f" on torch {torch.__version__})"
     print(
-        f"token kernel: {shared} loops shared between the threads, {serial} serial loops, {waits}"
+        f"token kernel: {shared} loops shared between the threads, {serial} serial loops, "
+        f"{waits_text}"
     )
 
 

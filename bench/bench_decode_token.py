@@ -4,8 +4,9 @@ The small preset of ``bench_decode.py`` (h = 256, r = 8, float32, 2 threads, a 3
 new tokens). Each round times, side by side:
 - ``generate(compile=True)`` per token (the user's path, as ``bench_decode.py`` times it);
 - the same compiled token graphs called in a bare loop with a fixed input id ("graph only");
-- that loop over the graphs of a copy of the model compiled with one barrier per serial loop
-  ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``), and of one whose
+- that loop over the graphs of a copy of the model compiled with one OpenMP barrier per loop
+  ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``' chains and
+  spinning barriers), and of one whose
   launcher makes a tensor of each pooled intermediate ("graph, pooled tensors": without
   ``inductor_pool_pointers``);
 - that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
@@ -141,7 +142,7 @@ def main() -> None:
     print(f"  products alone - read floor   {1e6 * paired('products alone', 'read floor'):6.1f} us")
     print(f"  torch.sum reads - read floor  {1e6 * paired('torch.sum reads', 'read floor'):6.1f} us (per-op dispatch, torch's full reduction)")  # fmt: skip
     print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
-    print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one barrier per serial loop)")  # fmt: skip
+    print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one OpenMP barrier per loop)")  # fmt: skip
     print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip

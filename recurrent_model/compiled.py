@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from . import functional as fn
 from . import inductor_pool_pointers, inductor_serial_chains, stack
+from .inductor_boxed import boxed_graph
 from .inductor_isa import isa_options
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
@@ -301,16 +302,23 @@ class _DirectGraph:
 
     Every input but the per-token ones (``_PER_TOKEN_ARGS``) is the same object on every token, and
     those have fixed shapes but for the key count (passed as its size), so dynamo's guards over the
-    ~60 inputs and its Python wrappers decide nothing after the first call. The graph's C++ launcher
-    still checks every input's sizes and strides. A piece that passes an input through (the prelude piece's s_0, a middle chunk's e)
-    returns that input as dynamo did.
+    ~60 inputs and its Python wrappers decide nothing after the first call. In inference mode the
+    call skips AOT autograd's wrappers too where they were found and checked (``boxed``,
+    :mod:`.inductor_boxed`). The graph's C++ launcher still checks every input's sizes and strides.
+    A piece that passes an input through (the prelude piece's s_0, a middle chunk's e) returns that
+    input as dynamo did.
     """
 
     def __init__(
-        self, run: Callable, sources: tuple[str, ...], outputs: Outputs, args: tuple
+        self,
+        run: Callable,
+        sources: tuple[str, ...],
+        outputs: Outputs,
+        args: tuple,
+        boxed: Callable[[list], Any] | None = None,
     ) -> None:
         named = dict(zip(_PIECE_ARGS, args, strict=False))
-        self.run, self.outputs = run, outputs
+        self.run, self.outputs, self.boxed = run, outputs, boxed
         self.inputs: list[Any] = []
         self.per_token: list[tuple[int, int, int | None]] = []  # (input, argument, size dim)
         for i, src in enumerate(sources):
@@ -319,12 +327,20 @@ class _DirectGraph:
             if at is not None:
                 self.per_token.append((i, *at))
 
-    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def graph_inputs(self, per_token: tuple[torch.Tensor | None, ...]) -> list[Any]:
+        """The compiled graph's inputs for this token's per-token arguments."""
         inputs = list(self.inputs)
         for i, which, dim in self.per_token:
             value = per_token[which]
             inputs[i] = value if dim is None else value.shape[dim]  # type: ignore[union-attr]
-        computed = iter(self.run(*inputs))
+        return inputs
+
+    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.graph_inputs(per_token)
+        if self.boxed is not None and torch.is_inference_mode_enabled():
+            computed = iter(self.boxed(inputs))
+        else:
+            computed = iter(self.run(*inputs))
         first, second = (next(computed) if i is None else per_token[i] for i in self.outputs)
         return first, second
 
@@ -333,6 +349,11 @@ class _DirectEntry(NamedTuple):
     run: Callable
     sources: tuple[str, ...]
     outputs: Outputs
+    boxed: Callable[[list], Any] | None
+
+    def caller(self, args: tuple) -> _DirectGraph:
+        """The graph's direct caller for a piece's arguments ``args``."""
+        return _DirectGraph(self.run, self.sources, self.outputs, args, self.boxed)
 
 
 class _CompiledFunction(NamedTuple):
@@ -624,7 +645,7 @@ class CompileState:
         """
         if captured is None:
             entry = self.direct.get(key)
-            return None if entry is None else _DirectGraph(*entry, args)
+            return None if entry is None else entry.caller(args)
         named = dict(zip(_PIECE_ARGS, args, strict=False))
         per_token = [named[name] for name in _PER_TOKEN_ARGS]
         outputs = tuple(next((i for i, t in enumerate(per_token) if t is o), None) for o in out)
@@ -643,8 +664,29 @@ class CompileState:
         again = direct(*per_token)
         if not all(torch.equal(a, b) for a, b in zip(again, out, strict=True)):
             return None
-        self.direct[key] = _DirectEntry(captured.run, sources, outputs)
-        return direct
+        computed = [o for o, i in zip(out, outputs, strict=True) if i is None]
+        entry = _DirectEntry(
+            captured.run, sources, outputs, _checked_boxed(direct, per_token, computed)
+        )
+        self.direct[key] = entry
+        return entry.caller(args)
+
+
+def _checked_boxed(
+    direct: _DirectGraph, per_token: list[torch.Tensor | None], computed: list[torch.Tensor]
+) -> Callable[[list], Any] | None:
+    """The boxed callable of ``direct``'s graph under torch.compile's wrappers
+    (:func:`inductor_boxed.boxed_graph`) if, called in inference mode on this token's inputs, it
+    returns exactly the graph's ``computed`` outputs (as many, the same values); else None. Only
+    checked in inference mode, where it would be used."""
+    boxed = boxed_graph(direct.run) if torch.is_inference_mode_enabled() else None
+    if boxed is None:
+        return None
+    again = boxed(direct.graph_inputs(tuple(per_token)))
+    same = len(again) == len(computed) and all(
+        torch.equal(a, b) for a, b in zip(again, computed, strict=False)
+    )
+    return boxed if same else None
 
 
 def compile_state(model: RecurrentLM) -> CompileState:

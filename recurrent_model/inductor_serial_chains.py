@@ -1,36 +1,47 @@
-"""Consecutive serial loops of an inductor CPU kernel run as one chain, with one barrier after it.
+"""Consecutive serial loops of an inductor CPU kernel run as one chain, and the kernel's threads
+wait for each other at barriers of its own.
 
-Inductor's C++ backend fuses a whole decode token into one OpenMP parallel region. Each loop too
-small to split between threads (a norm over ``n_embd`` values, RoPE on one token, a cache write)
-becomes ``#pragma omp single``, which ends in a barrier, and one token of the small preset runs
-about 170 of them, most in runs of two or three. Each barrier waits for the slower thread, so on
-cores shared with other work a thread descheduled anywhere in the token stalls the other at the
-next barrier; on idle cores a barrier costs about as much as the small loop before it.
+Inductor's C++ backend fuses a whole decode token into one or two OpenMP parallel regions. Each
+loop too small to split between threads (a norm over ``n_embd`` values, RoPE on one token, a cache
+write) becomes ``#pragma omp single``, which ends in a barrier, and one token of the small preset
+runs about 170 of them, most in runs of two or three. Each barrier waits for the slower thread, so
+on cores shared with other work a thread descheduled anywhere in the token stalls the other at the
+next barrier; on idle cores a barrier costs about as much as the small loop before it. And each of
+OpenMP's barriers (libgomp's) ends in a ``futex`` wake system call by the last thread to arrive,
+whether or not another thread sleeps: about 200 system calls per token.
 
-With :func:`serial_chains` among a compile's inductor options, each such loop becomes
-``#pragma omp master`` (thread 0, no barrier), and one ``#pragma omp barrier`` precedes the next
-loop that the threads share; the end of the parallel region is a barrier already. Thread 0 runs a
-chain's loops in program order, the barrier makes their writes visible to every thread before any
-reads them, and each loop computes what it computed before: the same bits.
+With :func:`serial_chains` among a compile's inductor options:
+
+- each serial loop becomes ``#pragma omp master`` (thread 0, no barrier); thread 0 runs a chain's
+  loops in program order;
+- each loop the threads share ends without OpenMP's barrier (``#pragma omp for nowait``);
+- before whatever next runs in the region after a shared loop or a chain (a shared loop, or a
+  chain after a shared loop), the threads meet at the region's own barrier (``BARRIER``): an
+  arrival counter and a release count, on which the waiting threads spin in user space (yielding
+  the core after ``SPINS`` rounds); the end of the parallel region is OpenMP's barrier still.
+
+Every write before a barrier is visible to every thread after it (the counter's acquire-release
+order), each loop computes what it computed before: the same bits.
 
 The option is a post-grad pass that leaves the graph unchanged. Inductor keys its graph cache by
 the pass's :meth:`uuid`, so a chained kernel and an unchained one of the same graph never share a
 cache entry; the code generator reads the option while it writes the kernel, so compiles without
 it (a user's own ``torch.compile``) are untouched. :func:`install` puts the code generator in place
-once per process, on the torch releases whose ``WorkSharing`` it was written against; elsewhere
-:func:`compile_options` adds nothing and the kernels keep inductor's own regions.
+once per process, on the torch releases whose ``WorkSharing`` and ``LoopLevel`` it was written
+against; elsewhere :func:`compile_options` adds nothing and the kernels keep inductor's own regions.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 from .inductor_marks import mark
 from .torch_release import torch_release
 
 #: torch releases whose inductor ``WorkSharing`` (``parallel``/``single``/``close``, one per
-#: kernel group) this module's subclass was checked against.
+#: kernel group) and ``LoopLevel.lines`` (a loop's pragma) this module's code was checked against.
 CHECKED_TORCH = ((2, 13),)
 
 
@@ -48,28 +59,72 @@ def _chaining() -> bool:
     return type(config.post_grad_custom_post_pass) is type(serial_chains())  # copies count too
 
 
+#: C++ of one region's barrier, declared before the region (``{n}``: the region's number): a
+#: counter of threads arrived and a release count, one cache line each; the last thread to arrive
+#: resets the counter and bumps the release count, the others spin on it, pausing, and after
+#: ``SPINS`` rounds yield the core on every round (a descheduled thread gets its core back).
+BARRIER = """\
+alignas(64) std::atomic<int> barrier_arrived_{n}{{0}};
+alignas(64) std::atomic<int> barrier_released_{n}{{0}};
+auto barrier_{n} = [&barrier_arrived_{n}, &barrier_released_{n}]() {{
+    const int released = barrier_released_{n}.load(std::memory_order_relaxed);
+    if (barrier_arrived_{n}.fetch_add(1, std::memory_order_acq_rel) == omp_get_num_threads() - 1) {{
+        barrier_arrived_{n}.store(0, std::memory_order_relaxed);
+        barrier_released_{n}.store(released + 1, std::memory_order_release);
+        return;
+    }}
+    for (int spins = 0; barrier_released_{n}.load(std::memory_order_acquire) == released; ++spins) {{
+        if (spins >= {spins}) {{ sched_yield(); continue; }}
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }}
+}};"""
+SPINS = 1 << 12
+
+
 def _chained_work_sharing(base: type) -> type:
-    """A subclass of inductor's ``WorkSharing`` that writes serial loops as chains of master
-    regions when :func:`_chaining`, and inductor's own regions otherwise."""
+    """A subclass of inductor's ``WorkSharing`` that, when :func:`_chaining`, writes serial loops
+    as chains of master regions, ends shared loops without OpenMP's barrier (``nowait``, see
+    :func:`_shared_loop_lines`) and writes each barrier the threads need as a call of the
+    region's own spinning barrier (``BARRIER``); inductor's own regions otherwise."""
 
     class ChainedWorkSharing(base):  # type: ignore[misc, valid-type]
-        unshared_writes = False  # thread 0 ran a master region since the last barrier
+        #: what ran since the last barrier: "master" (a serial chain), "shared" (a loop shared
+        #: without its own barrier) or None
+        unsynced: str | None = None
+        region = -1  # the last region opened
+
+        def barrier(self) -> None:
+            self.code.writeline(f"barrier_{self.region}();")
 
         def parallel(self, threads: int) -> None:
-            if self.in_parallel and threads == self.num_threads and self.unshared_writes:
-                self.code.writeline("#pragma omp barrier")
-            self.unshared_writes = False
+            if not _chaining():
+                return super().parallel(threads)
+            if self.in_parallel and threads == self.num_threads:
+                if self.unsynced:
+                    self.barrier()
+            else:
+                self.close()
+                self.region += 1  # one kernel's regions: 0, 1, …
+                for line in BARRIER.format(n=self.region, spins=SPINS).splitlines():
+                    self.code.writeline(line)
             super().parallel(threads)
+            self.unsynced = "shared"
 
         def single(self) -> bool:
             if not (self.in_parallel and _chaining()):
                 return super().single()
+            if self.unsynced == "shared":
+                self.barrier()
             self.code.writeline("#pragma omp master")
-            self.unshared_writes = True
+            self.unsynced = "master"
             return True
 
         def close(self) -> None:
-            self.unshared_writes = False  # a parallel region ends in a barrier
+            self.unsynced = None  # a parallel region ends in a barrier
             super().close()
 
     ChainedWorkSharing.__qualname__ = ChainedWorkSharing.__name__ = "ChainedWorkSharing"
@@ -77,13 +132,31 @@ def _chained_work_sharing(base: type) -> type:
 
 
 def supported() -> bool:
-    """Whether this torch's inductor is one the chained regions were checked against."""
-    return torch_release() in CHECKED_TORCH
+    """Whether this torch's inductor is one the chained regions were checked against, on a
+    compiler with POSIX threads (the barrier yields with ``sched_yield``)."""
+    return torch_release() in CHECKED_TORCH and sys.platform != "win32"
+
+
+def _shared_loop_lines(lines: Any) -> Any:
+    """``LoopLevel.lines`` that, when :func:`_chaining`, ends a loop shared between the threads
+    without OpenMP's barrier (``nowait``): the work sharing writes the region's own barrier before
+    whatever runs next in the region (or the region's end waits)."""
+
+    @functools.wraps(lines)
+    def shared_loop_lines(self: Any) -> Any:
+        out = lines(self)
+        if out and self.parallel and _chaining() and out[0].startswith("#pragma omp for"):
+            out = [f"{out[0]} nowait", *out[1:]]
+        return out
+
+    shared_loop_lines.ends_shared_loops_nowait = True
+    return shared_loop_lines
 
 
 def install() -> bool:
-    """Put the chaining ``WorkSharing`` into inductor's C++ code generator (once); False where
-    this torch is not a checked release (nothing is changed)."""
+    """Put the chaining ``WorkSharing`` and the shared loops without their barrier into inductor's
+    C++ code generator (once); False where this torch is not a checked release (nothing is
+    changed)."""
     if not supported():
         return False
     from torch._inductor.codegen import cpp
@@ -92,6 +165,8 @@ def install() -> bool:
         chained = _chained_work_sharing(cpp.WorkSharing)
         chained.chains_serial_regions = True
         cpp.WorkSharing = chained
+    if not getattr(cpp.LoopLevel.lines, "ends_shared_loops_nowait", False):
+        cpp.LoopLevel.lines = _shared_loop_lines(cpp.LoopLevel.lines)
     return True
 
 

@@ -56,15 +56,22 @@ def _regions(calls: list[tuple], chaining: bool, monkeypatch) -> list[str]:
     return code.lines
 
 
+def _declaration(region: int) -> list[str]:
+    return chains.BARRIER.format(n=region, spins=chains.SPINS).splitlines()
+
+
 def test_a_run_of_serial_loops_is_one_master_chain_with_one_barrier_before_the_next_shared_loop(
     monkeypatch,
 ):
     calls = [("parallel", 2), ("single",), ("single",), ("parallel", 2), ("single",), ("close",)]
     assert _regions(calls, True, monkeypatch) == [
+        *_declaration(0),
         "#pragma omp parallel num_threads(2)",
+        "barrier_0();",  # the shared loop's results, before thread 0 reads them
         "#pragma omp master",
         "#pragma omp master",
-        "#pragma omp barrier",
+        "barrier_0();",
+        "barrier_0();",
         "#pragma omp master",
         "}",  # the region's end is the chain's barrier
     ]
@@ -77,15 +84,37 @@ def test_a_run_of_serial_loops_is_one_master_chain_with_one_barrier_before_the_n
     ]
 
 
-def test_no_barrier_where_a_new_region_starts_or_outside_any_region(monkeypatch):
-    calls = [("single",), ("parallel", 2), ("single",), ("parallel", 4), ("close",)]
+def test_each_region_declares_its_own_barrier_and_none_is_written_outside_a_region(monkeypatch):
+    calls = [("single",), ("parallel", 2), ("single",), ("parallel", 4), ("parallel", 4),
+             ("close",)]  # fmt: skip
     assert _regions(calls, True, monkeypatch) == [
+        *_declaration(0),
         "#pragma omp parallel num_threads(2)",
+        "barrier_0();",
         "#pragma omp master",
         "}",
+        *_declaration(1),
         "#pragma omp parallel num_threads(4)",
+        "barrier_1();",
         "}",
     ]
+
+
+class _Loop:
+    def __init__(self, parallel: int, lines: list[str]) -> None:
+        self.parallel, self.out = parallel, lines
+
+
+def test_only_shared_loops_of_a_chaining_compile_end_without_their_barrier(monkeypatch):
+    lines = chains._shared_loop_lines(lambda loop: loop.out)
+    shared = _Loop(1, ["#pragma omp for collapse(2)", "for(...)"])
+    serial = _Loop(0, ["#pragma GCC ivdep", "for(...)"])
+    monkeypatch.setattr(chains, "_chaining", lambda: True)
+    assert lines(shared) == ["#pragma omp for collapse(2) nowait", "for(...)"]
+    assert lines(serial) == serial.out
+    assert lines(_Loop(1, ["for(...)"])) == ["for(...)"]  # a collapsed inner loop
+    monkeypatch.setattr(chains, "_chaining", lambda: False)
+    assert lines(shared) == shared.out
 
 
 def test_an_unchecked_torch_gets_no_option_and_no_code_generator(monkeypatch):
@@ -115,9 +144,16 @@ def test_a_compiled_kernel_chains_its_serial_loops_and_computes_the_same_bits():
     )
     assert torch.equal(chained, plain)
     assert "#pragma omp single" in plain_code and "#pragma omp master" not in plain_code
-    pragmas = re.findall(r"#pragma omp (\w+)", chained_code)
-    assert "single" not in pragmas and pragmas.count("master") >= 2
-    for before, after in zip(pragmas, pragmas[1:], strict=False):
-        assert (before, after) != ("master", "for"), "a shared loop read a chain before a barrier"
-    assert ("master", "master") in zip(pragmas, pragmas[1:], strict=False)
-    assert ("master", "barrier") in zip(pragmas, pragmas[1:], strict=False)
+    assert "single" not in re.findall(r"#pragma omp (\w+)", chained_code)
+    assert "#pragma omp barrier" not in chained_code and "#pragma omp for nowait" in chained_code
+    events = re.findall(r"#pragma omp (parallel|for|master)|\b(barrier)_\d+\(\);", chained_code)
+    events = [pragma or call for pragma, call in events]
+    pairs = list(zip(events, events[1:], strict=False))
+    assert events.count("master") >= 2 and ("master", "master") in pairs
+    unsynced = None  # what ran since the threads last waited for each other
+    for event in events:
+        if event == "for":
+            assert unsynced is None, f"a shared loop started after a {unsynced} without a barrier"
+        if event == "master":
+            assert unsynced != "for", "a chain read a shared loop's results without a barrier"
+        unsynced = None if event in ("parallel", "barrier") else event
