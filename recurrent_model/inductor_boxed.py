@@ -28,6 +28,17 @@ def _cells(function: Any) -> dict[str, Any]:
     return {name: cell.cell_contents for name, cell in zip(code.co_freevars, closure, strict=True)}
 
 
+def _unwrapped(layer: Any) -> Any:
+    """``layer`` without AOT autograd's ``SerializableCompiledFunction`` shells, which call what
+    they hold and nothing else (a fresh compile and one loaded from AOT autograd's cache put them
+    at different depths)."""
+    from torch._functorch._aot_autograd.runtime_wrappers import SerializableCompiledFunction
+
+    while type(layer) is SerializableCompiledFunction:
+        layer = layer.compiled_fn
+    return layer
+
+
 def boxed_graph(run: Callable) -> Callable[[list], Any] | None:
     """The boxed callable of the inductor graph that ``run`` (what ``compile_fx`` returned) wraps;
     None unless ``run`` is dynamo's disable wrapper around AOT autograd's ``forward`` with no lifted
@@ -39,7 +50,8 @@ def boxed_graph(run: Callable) -> Callable[[list], Any] | None:
         layers = _cells(forward)
         if layers["params_buffers_flat"]:
             return None
-        graph = _cells(layers["compiled_fn"].compiled_fn)["_inner_compiled_fn"]
+        runtime_wrapper = _unwrapped(layers["compiled_fn"])
+        graph = _unwrapped(_cells(runtime_wrapper)["_inner_compiled_fn"])
     except (KeyError, AttributeError, TypeError, ValueError):
         return None
     if type(graph) is not CompiledFxGraph or not callable(graph.current_callable):

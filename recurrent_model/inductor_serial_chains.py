@@ -1,7 +1,7 @@
 """Consecutive serial loops of an inductor CPU kernel run as one chain, and the kernel's threads
 wait for each other at barriers of its own.
 
-Inductor's C++ backend fuses a whole decode token into one or two OpenMP parallel regions. Each
+Inductor's C++ backend fuses a decode token into one OpenMP parallel region per kernel. Each
 loop too small to split between threads (a norm over ``n_embd`` values, RoPE on one token, a cache
 write) becomes ``#pragma omp single``, which ends in a barrier, and one token of the small preset
 runs about 170 of them, most in runs of two or three. Each barrier waits for the slower thread, so
@@ -21,14 +21,16 @@ With :func:`serial_chains` among a compile's inductor options:
   the core after ``SPINS`` rounds); the end of the parallel region is OpenMP's barrier still.
 
 Every write before a barrier is visible to every thread after it (the counter's acquire-release
-order), each loop computes what it computed before: the same bits.
+order), each loop computes what it computed before: the same bits. And with the C++ launcher, a
+kernel is not split at ``MAX_FUSED_KERNEL_ARGS_NUM`` arguments (a limit for ctypes, which only a
+Python launcher uses): a small-preset token is one kernel, one parallel region, instead of two.
 
 The option is a post-grad pass that leaves the graph unchanged. Inductor keys its graph cache by
 the pass's :meth:`uuid`, so a chained kernel and an unchained one of the same graph never share a
 cache entry; the code generator reads the option while it writes the kernel, so compiles without
 it (a user's own ``torch.compile``) are untouched. :func:`install` puts the code generator in place
-once per process, on the torch releases whose ``WorkSharing`` and ``LoopLevel`` it was written
-against; elsewhere :func:`compile_options` adds nothing and the kernels keep inductor's own regions.
+once per process, on the torch releases whose ``WorkSharing``, ``LoopLevel`` and ``CppScheduling``
+it was written against; elsewhere :func:`compile_options` adds nothing and the kernels keep inductor's own regions.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from .inductor_marks import mark
 from .torch_release import torch_release
 
 #: torch releases whose inductor ``WorkSharing`` (``parallel``/``single``/``close``, one per
-#: kernel group) and ``LoopLevel.lines`` (a loop's pragma) this module's code was checked against.
+#: kernel group), ``LoopLevel.lines`` (a loop's pragma) and ``CppScheduling`` (a kernel split at
+#: ``MAX_FUSED_KERNEL_ARGS_NUM`` arguments) this module's code was checked against.
 CHECKED_TORCH = ((2, 13),)
 
 
@@ -153,10 +156,26 @@ def _shared_loop_lines(lines: Any) -> Any:
     return shared_loop_lines
 
 
+def _unsplit_kernels(count_args: Any) -> Any:
+    """``CppScheduling._get_scheduled_num_args`` that, when :func:`_chaining` with the C++
+    launcher (``cpp_wrapper``), counts no arguments: inductor starts a new kernel (and a new
+    parallel region) past ``MAX_FUSED_KERNEL_ARGS_NUM`` arguments, the limit of ctypes, which calls
+    a kernel from a Python launcher only; a C++ launcher calls it directly."""
+
+    @functools.wraps(count_args)
+    def scheduled_num_args(self: Any) -> Any:
+        from torch._inductor import config
+
+        return 0 if _chaining() and config.cpp_wrapper else count_args(self)
+
+    scheduled_num_args.keeps_kernels_whole = True
+    return scheduled_num_args
+
+
 def install() -> bool:
-    """Put the chaining ``WorkSharing`` and the shared loops without their barrier into inductor's
-    C++ code generator (once); False where this torch is not a checked release (nothing is
-    changed)."""
+    """Put the chaining ``WorkSharing``, the shared loops without their barrier and the kernels
+    unsplit by their argument count into inductor's C++ code generator (once); False where this
+    torch is not a checked release (nothing is changed)."""
     if not supported():
         return False
     from torch._inductor.codegen import cpp
@@ -167,6 +186,9 @@ def install() -> bool:
         cpp.WorkSharing = chained
     if not getattr(cpp.LoopLevel.lines, "ends_shared_loops_nowait", False):
         cpp.LoopLevel.lines = _shared_loop_lines(cpp.LoopLevel.lines)
+    count_args = cpp.CppScheduling._get_scheduled_num_args
+    if not getattr(count_args, "keeps_kernels_whole", False):
+        cpp.CppScheduling._get_scheduled_num_args = _unsplit_kernels(count_args)
     return True
 
 

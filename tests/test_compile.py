@@ -235,6 +235,8 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
                 logits, _ = dec(ids[:, :1], pos, None)
         assert all(isinstance(dec.direct[i], _DirectGraph) for i in range(n_pieces))
         assert len(dec.direct) == n_pieces
+        # in inference mode below torch.compile's Python wrappers too
+        assert all(dec.direct[i].boxed is not None for i in range(n_pieces))
         outputs = [dec.direct[i].outputs for i in range(n_pieces)]
         passes = {1: [(None, None)], 4: [(2, None), (None, 0), (None, 0), (None, None)]}
         assert outputs == passes[n_pieces]  # s_0 passed by the prelude piece, e by the chunks

@@ -23,20 +23,35 @@ def test_no_graph_is_found_under_other_callables():
     assert boxed_graph(len) is None  # no Python code at all
 
 
+def _graph_outputs_fresh_and_cached() -> list[tuple[list, torch.Tensor, torch.Tensor]]:
+    """A function that writes an input, compiled fresh (inductor's and AOT autograd's caches off)
+    and then loaded from those caches: per compile, what its boxed graph returned, its output and
+    the input it wrote, called once through torch.compile and once through the boxed graph."""
+    results = []
+    for cached in (False, True, True):  # the second cached compile loads from the first's entries
+        torch._dynamo.reset()
+        recorder = C._RecordingInductor()
+        compiled = torch.compile(lambda x, slot: (slot.add_(x), x * 2)[1], backend=recorder)
+        with (
+            torch._inductor.config.patch(fx_graph_cache=cached),
+            torch._functorch.config.patch(enable_autograd_cache=cached),
+            torch.inference_mode(),
+        ):
+            x, slot = torch.arange(4.0), torch.zeros(4)
+            out = compiled(x, slot)
+            boxed = boxed_graph(recorder.captured.run)
+            assert boxed is not None, f"no graph found ({'cached' if cached else 'fresh'} compile)"
+            named = {"L['x']": x, "L['slot']": slot}
+            again = boxed([named[source] for source in recorder.captured.sources])  # dynamo's order
+        results.append((again, out, slot - 2 * x))
+    return results
+
+
 @pytest.mark.skipif(not C.direct_calls_supported(), reason="checked torch releases only")
-def test_the_graph_under_a_compiled_functions_wrappers_gives_its_outputs():
-    recorder = C._RecordingInductor()
-    compiled = torch.compile(lambda x, slot: (slot.add_(x), x * 2)[1], backend=recorder)
-    x, slot = torch.arange(4.0), torch.zeros(4)
-    with torch.inference_mode():
-        x, slot = x.clone(), slot.clone()
-        out = compiled(x, slot)
-        boxed = boxed_graph(recorder.captured.run)
-        assert boxed is not None
-        named = {"L['x']": x, "L['slot']": slot}
-        again = boxed([named[source] for source in recorder.captured.sources])  # dynamo's order
-    assert len(again) == 1 and torch.equal(again[0], out)
-    assert torch.equal(slot, 2 * x)  # the graph wrote its input itself, both times
+def test_the_graph_under_a_fresh_or_cached_compiles_wrappers_gives_its_outputs():
+    for again, out, left in _graph_outputs_fresh_and_cached():
+        assert len(again) == 1 and torch.equal(again[0], out)
+        assert not left.any()  # the graph wrote its input itself, both times
 
 
 def _plus_one() -> tuple[C._Captured, tuple, torch.Tensor, torch.Tensor]:

@@ -117,6 +117,18 @@ def test_only_shared_loops_of_a_chaining_compile_end_without_their_barrier(monke
     assert lines(shared) == shared.out
 
 
+def test_with_the_cpp_launcher_a_chaining_compile_never_splits_a_kernel_by_its_arguments(
+    monkeypatch,
+):
+    from torch._inductor import config
+
+    count = chains._unsplit_kernels(lambda scheduling: 501)  # past inductor's 500
+    for chaining, cpp_wrapper, counted in [(True, True, 0), (True, False, 501), (False, True, 501)]:
+        monkeypatch.setattr(chains, "_chaining", lambda chaining=chaining: chaining)
+        with config.patch(cpp_wrapper=cpp_wrapper):
+            assert count(None) == counted, (chaining, cpp_wrapper)
+
+
 def test_an_unchecked_torch_gets_no_option_and_no_code_generator(monkeypatch):
     monkeypatch.setattr(chains, "torch_release", lambda: (9, 9))
     monkeypatch.setattr(pool_pointers, "torch_release", lambda: (9, 9))
