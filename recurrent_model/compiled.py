@@ -21,8 +21,9 @@ the cache up to the token's position (a length marked dynamic, :func:`_key_range
 ROCm) GPU ``mode="reduce-overhead"`` also captures CUDA graphs, for which the cache storage is kept
 at one static address per model and shape. The first call for a new shape pays the compile; later calls
 with the same shapes, depth and cache budget reuse it, and ``compile_seconds`` reports what a call
-paid. On the CPU, a decode piece's later calls skip dynamo altogether (:class:`_DirectGraph`), on
-the torch releases in ``DIRECT_CALL_TORCH``.
+paid. On the CPU, a decode piece's later calls skip dynamo altogether (:class:`_DirectGraph`), and
+in inference mode torch.compile's Python wrappers around inductor's graph too
+(:mod:`.inductor_boxed`), on the torch releases in ``DIRECT_CALL_TORCH``.
 
 What persists between calls lives in the model's :class:`CompileState` (:func:`compile_state`):
 the static storage, one compiled function per graph key and the direct-call graphs. The module
