@@ -663,14 +663,12 @@ class CompileState:
         except (KeyError, IndexError, AttributeError, TypeError):  # a source we cannot follow
             return None
         again = direct(*per_token)
-        if not all(torch.equal(a, b) for a, b in zip(again, out, strict=True)):
+        if not _same_tensors(again, out):
             return None
         computed = [o for o, i in zip(out, outputs, strict=True) if i is None]
-        entry = _DirectEntry(
-            captured.run, sources, outputs, _checked_boxed(direct, per_token, computed)
-        )
-        self.direct[key] = entry
-        return entry.caller(args)
+        direct.boxed = _checked_boxed(direct, per_token, computed)
+        self.direct[key] = _DirectEntry(captured.run, sources, outputs, direct.boxed)
+        return direct
 
 
 def _checked_boxed(
@@ -684,10 +682,12 @@ def _checked_boxed(
     if boxed is None:
         return None
     again = boxed(direct.graph_inputs(tuple(per_token)))
-    same = len(again) == len(computed) and all(
-        torch.equal(a, b) for a, b in zip(again, computed, strict=False)
-    )
-    return boxed if same else None
+    return boxed if _same_tensors(again, computed) else None
+
+
+def _same_tensors(a: Any, b: Any) -> bool:
+    """Whether two sequences of tensors are as long and equal element by element."""
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def compile_state(model: RecurrentLM) -> CompileState:

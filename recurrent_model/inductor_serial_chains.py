@@ -30,7 +30,8 @@ the pass's :meth:`uuid`, so a chained kernel and an unchained one of the same gr
 cache entry; the code generator reads the option while it writes the kernel, so compiles without
 it (a user's own ``torch.compile``) are untouched. :func:`install` puts the code generator in place
 once per process, on the torch releases whose ``WorkSharing``, ``LoopLevel`` and ``CppScheduling``
-it was written against; elsewhere :func:`compile_options` adds nothing and the kernels keep inductor's own regions.
+it was written against; elsewhere :func:`compile_options` adds nothing and the kernels keep
+inductor's own regions.
 """
 
 from __future__ import annotations
