@@ -11,6 +11,9 @@ new tokens). Each round times, side by side:
   ``inductor_pool_pointers``);
 - that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
 - that loop with a second, identical argmax ("+ the same op again"): what the op costs warm;
+- with ``--intervals``, the graphs of a copy compiled with timed barriers (``token_intervals``),
+  whose clock splits the kernel's time by what ran between its barriers: products, attention,
+  serial chains (thread 0 alone) and the waits at the barriers after each;
 - the token's projections alone, written as the compiled decode writes them, in one compiled graph,
   the read floor of the token's weights (each read once in one compiled kernel) and the same reads
   as one torch.sum per weight (all three ``bench_decode.floor_calls``).
@@ -22,7 +25,7 @@ the cores' caches, so the first op after each token runs cold), the same op warm
 generate's per-token Python (sampling, emitting, the streamer). The methods run in one order, then
 the reverse, round after round.
 
-    python bench/bench_decode_token.py [--rounds 40] [--threads 2]
+    python bench/bench_decode_token.py [--rounds 40] [--threads 2] [--intervals]
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from recurrent_model.sampling import Sampler  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import NEW, PROMPT, STEPS, compiled_generate, floor_calls, mean_time  # noqa: E402
+from token_intervals import KINDS, BarrierClock, split, timed_compile  # noqa: E402
+from torch._inductor.utils import run_and_get_code  # noqa: E402
 
 
 def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
@@ -76,6 +81,32 @@ def twin_token(
         return compiled_token(twin, ids)
 
 
+def timed_token(
+    model: rm.RecurrentLM, ids: torch.Tensor, clock: BarrierClock
+) -> tuple[CompiledDecode, str]:
+    """:func:`compiled_token` for a copy of ``model`` compiled with barriers that add to ``clock``,
+    and the source of its token kernel (the largest the compile wrote)."""
+    twin = rm.RecurrentLM(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    with timed_compile(clock):
+        _, sources = run_and_get_code(compiled_generate, twin, ids)
+        return compiled_token(twin, ids), max(sources, key=len)
+
+
+def print_intervals(source: str, clock: BarrierClock, calls: int, token: float) -> None:
+    """The timed token's kernel time per kind of interval: what thread 0 and the other threads
+    worked, and waited at the barrier that ends each interval."""
+    parts = split(source, clock, calls)
+    print(f"timed token kernel, per token ({calls} tokens; thread 0 | the others' mean):")
+    for kind in KINDS:
+        (w0, w1), (a0, a1) = parts.work[kind], parts.wait[kind]
+        print(f"  {kind:9} x{parts.count[kind]:3}  work {1e6 * w0:7.1f} | {1e6 * w1:7.1f} us, "
+              f"wait {1e6 * a0:6.1f} | {1e6 * a1:6.1f} us")  # fmt: skip
+    kernel = sum(parts.work[k][0] + parts.wait[k][0] for k in KINDS)
+    print(f"  thread 0 in the kernel's region: {1e6 * kernel:.1f} us of the timed token's "
+          f"{1e6 * token:.1f} us (the rest: host work, the region's start and end)")  # fmt: skip
+
+
 def token_loop(decode: CompiledDecode, ids: torch.Tensor, argmaxes: int) -> Callable[[], float]:
     """Seconds per token of NEW - 1 compiled tokens with ``argmaxes`` greedy argmaxes after each
     (the first fed back as the next input; none: the input stays fixed)."""
@@ -99,6 +130,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--intervals", action="store_true",
+                        help="also time a copy whose barriers read a clock (token_intervals)")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -110,11 +143,14 @@ def main() -> None:
     unchained = twin_token(model, ids, inductor_serial_chains.compile_options())
     pooled_tensors = twin_token(model, ids, inductor_pool_pointers.compile_options())
     floors, nbytes = floor_calls(model, STEPS)
+    clock = BarrierClock(args.threads)
+    timed = timed_token(model, ids, clock) if args.intervals else None
     methods: dict[str, Callable[[], float]] = {
         "generate(compile=True)": lambda: 1 / compiled_generate(model, ids)[1],
         "graph only": token_loop(decode, ids, 0),
         "graph, unchained": token_loop(unchained, ids, 0),
         "graph, pooled tensors": token_loop(pooled_tensors, ids, 0),
+        **({"graph, timed barriers": token_loop(timed[0], ids, 0)} if timed else {}),
         "graph + argmax": token_loop(decode, ids, 1),
         "+ the same op again": token_loop(decode, ids, 2),
         "products alone": lambda: mean_time(floors["compiled"], NEW - 1),
@@ -123,6 +159,7 @@ def main() -> None:
     }
     times: dict[str, list[float]] = {name: [] for name in methods}
     order = list(methods)
+    clock.reset()
     for _ in range(args.rounds):
         for name in order:
             times[name].append(methods[name]())
@@ -147,6 +184,10 @@ def main() -> None:
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
     print(f"  rest of generate's host work  {1e6 * paired('generate(compile=True)', 'graph + argmax'):6.1f} us")  # fmt: skip
+    if timed:
+        timed_times = times["graph, timed barriers"]
+        print(f"  clock reads at the barriers   {1e6 * paired('graph, timed barriers', 'graph only'):6.1f} us")  # fmt: skip
+        print_intervals(timed[1], clock, args.rounds * (NEW - 1), statistics.mean(timed_times))
 
 
 if __name__ == "__main__":

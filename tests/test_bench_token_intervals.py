@@ -1,0 +1,99 @@
+"""bench/token_intervals.py: a kernel compiled with timed barriers computes the same bits, fills one
+clock entry per barrier call, names each by what ran before it, and leaves no timed kernel for a
+later compile to load."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+from recurrent_model import compiled, inductor_serial_chains
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "token_intervals.py"
+
+pytestmark = pytest.mark.skipif(
+    not inductor_serial_chains.supported(), reason="no chained regions on this torch"
+)
+
+
+@pytest.fixture(scope="module")
+def intervals():
+    spec = importlib.util.spec_from_file_location("token_intervals", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def timed_fn(x, w1, w2, keys):
+    """A product, a serial norm, a product and a softmax over a dynamic length."""
+    h = (w1 * x).sum(1)
+    h = h * torch.rsqrt(h.pow(2).mean() + 1e-6)
+    scores = (keys * h[:64]).sum(1).softmax(0)
+    return (w2 * h).sum(1), scores
+
+
+def plain_fn(x, w1, w2, keys):
+    """timed_fn, as its own code object, so dynamo compiles it apart."""
+    h = (w1 * x).sum(1)
+    h = h * torch.rsqrt(h.pow(2).mean() + 1e-6)
+    scores = (keys * h[:64]).sum(1).softmax(0)
+    return (w2 * h).sum(1), scores
+
+
+def test_timed_kernel_splits_by_what_ran_and_leaves_no_trace(intervals):
+    torch.manual_seed(0)
+    args = (torch.randn(256), torch.randn(512, 256), torch.randn(512, 512), torch.randn(40, 64))
+    torch._dynamo.mark_dynamic(args[3], 0)
+    threads = torch.get_num_threads()
+    clock = intervals.BarrierClock(threads)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with intervals.timed_compile(clock):
+        timed = torch.compile(timed_fn, options=compiled.cpu_options())
+        out, (source,) = run_and_get_code(timed, *args)
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] != cache  # a directory of its own
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == cache
+    assert not torch.compiler.config.force_disable_caches
+
+    kinds = intervals.barrier_kinds(source)
+    assert kinds[:4] == ["product", "chain", "product", "attention"]
+    assert len(kinds) == 5  # and one more at the region's end: the last shared loop's tail
+    clock.reset()
+    calls = 4
+    for _ in range(calls):
+        timed(*args)
+    assert clock.used() == len(kinds)
+    parts = intervals.split(source, clock, calls)
+    assert parts.count == {"product": 2, "attention": 1, "chain": 2}
+    for kind in intervals.KINDS:
+        assert min(parts.work[kind] + parts.wait[kind]) >= 0
+    assert parts.work["product"][0] > 0 and parts.work["chain"][0] > 0
+    if threads > 1:
+        assert parts.work["product"][1] > 0  # the other threads share the products
+
+    plain = torch.compile(plain_fn, options=compiled.cpu_options())
+    reference, (plain_source,) = run_and_get_code(plain, *args)
+    assert "barrier_clock" in source and "barrier_clock" not in plain_source
+    assert intervals.barrier_kinds(plain_source) == kinds[:4]
+    for a, b in zip(out, reference, strict=True):
+        assert torch.equal(a, b)  # the clock reads change no bits
+
+
+def test_a_source_of_another_kernel_is_refused(intervals):
+    clock = intervals.BarrierClock(2, barriers=8)
+    clock.table[0, :3, 0] = 1
+    source = "#pragma omp parallel\n{ barrier_0();\n #pragma omp for nowait\n barrier_0(); }"
+    with pytest.raises(RuntimeError, match="2 barrier calls, its clock 3"):
+        intervals.split(source, clock, 1)
+
+
+def test_a_barrier_it_cannot_wrap_is_refused(intervals):
+    with pytest.raises(RuntimeError, match="declares no 'auto barrier_"):
+        intervals.BarrierClock(2).template("auto other_{n} = [](){{}};")
