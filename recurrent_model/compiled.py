@@ -305,7 +305,9 @@ class _DirectGraph:
     those have fixed shapes but for the key count (passed as its size), so dynamo's guards over the
     ~60 inputs and its Python wrappers decide nothing after the first call. In inference mode the
     call skips AOT autograd's wrappers too where they were found and checked (``boxed``,
-    :mod:`.inductor_boxed`). The graph's C++ launcher still checks every input's sizes and strides.
+    :mod:`.inductor_boxed`), and passes the key count as a tensor made once per count, which the
+    graph's C++ launcher would make on every call. The launcher still checks every input's sizes
+    and strides.
     A piece that passes an input through (the prelude piece's s_0, a middle chunk's e) returns that
     input as dynamo did.
     """
@@ -320,6 +322,7 @@ class _DirectGraph:
     ) -> None:
         named = dict(zip(_PIECE_ARGS, args, strict=False))
         self.run, self.outputs, self.boxed = run, outputs, boxed
+        self.size_tensors: dict[int, torch.Tensor] = {}  # per size input's value
         self.inputs: list[Any] = []
         self.per_token: list[tuple[int, int, int | None]] = []  # (input, argument, size dim)
         for i, src in enumerate(sources):
@@ -336,12 +339,23 @@ class _DirectGraph:
             inputs[i] = value if dim is None else value.shape[dim]  # type: ignore[union-attr]
         return inputs
 
-    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def boxed_inputs(self, per_token: tuple[torch.Tensor | None, ...]) -> list[Any]:
+        """:meth:`graph_inputs` with each size a 0-dim int64 tensor, made once per value: what the
+        boxed graph's C++ launcher makes of an integer input (``torch.tensor``) on every call."""
         inputs = self.graph_inputs(per_token)
+        for i, _, dim in self.per_token:
+            if dim is not None:
+                size = self.size_tensors.get(inputs[i])
+                if size is None:
+                    size = self.size_tensors[inputs[i]] = torch.tensor(inputs[i], device="cpu")
+                inputs[i] = size
+        return inputs
+
+    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if self.boxed is not None and torch.is_inference_mode_enabled():
-            computed = iter(self.boxed(inputs))
+            computed = iter(self.boxed(self.boxed_inputs(per_token)))
         else:
-            computed = iter(self.run(*inputs))
+            computed = iter(self.run(*self.graph_inputs(per_token)))
         first, second = (next(computed) if i is None else per_token[i] for i in self.outputs)
         return first, second
 
@@ -675,13 +689,14 @@ def _checked_boxed(
     direct: _DirectGraph, per_token: list[torch.Tensor | None], computed: list[torch.Tensor]
 ) -> Callable[[list], Any] | None:
     """The boxed callable of ``direct``'s graph under torch.compile's wrappers
-    (:func:`inductor_boxed.boxed_graph`) if, called in inference mode on this token's inputs, it
-    returns exactly the graph's ``computed`` outputs (as many, the same values); else None. Only
+    (:func:`inductor_boxed.boxed_graph`) if, called in inference mode on this token's inputs as the
+    direct call passes them (:meth:`_DirectGraph.boxed_inputs`), it returns exactly the graph's
+    ``computed`` outputs (as many, the same values); else None. Only
     checked in inference mode, where it would be used."""
     boxed = boxed_graph(direct.run) if torch.is_inference_mode_enabled() else None
     if boxed is None:
         return None
-    again = boxed(direct.graph_inputs(tuple(per_token)))
+    again = boxed(direct.boxed_inputs(tuple(per_token)))
     return boxed if _same_tensors(again, computed) else None
 
 

@@ -237,6 +237,12 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
         assert len(dec.direct) == n_pieces
         # in inference mode below torch.compile's Python wrappers too
         assert all(dec.direct[i].boxed is not None for i in range(n_pieces))
+        # each key count a tensor made once (the launcher's torch.tensor of it otherwise)
+        sizes = dec.direct[0].size_tensors
+        assert sizes and all(t.dtype == torch.int64 and t.item() == n for n, t in sizes.items())
+        token = (ids[:, :1], dec.positions[6], dec.zero_state, dec.cache.key_valid, dec.keys[6])
+        again = dec.direct[0].boxed_inputs(token)
+        assert any(a is t for a in again for t in sizes.values())
         outputs = [dec.direct[i].outputs for i in range(n_pieces)]
         passes = {1: [(None, None)], 4: [(2, None), (None, 0), (None, 0), (None, None)]}
         assert outputs == passes[n_pieces]  # s_0 passed by the prelude piece, e by the chunks
