@@ -60,7 +60,8 @@ auto barrier_{n} = [&]() {{
 
 
 class BarrierClock:
-    """The table the timed barriers add to: nanoseconds ``[thread, barrier, (work, wait)]``."""
+    """The table the timed barriers add to: nanoseconds ``[thread, barrier, (work, wait)]``. A kernel
+    compiled with it writes to its tensors: keep it alive as long as such a kernel may run."""
 
     def __init__(self, threads: int, barriers: int = 4096) -> None:
         self.table = torch.zeros(threads, barriers, 2, dtype=torch.int64)

@@ -32,6 +32,10 @@ def intervals():
     del sys.modules[spec.name]
 
 
+#: every clock a timed kernel of this process was compiled with, alive as long as the process
+KEPT: list = []
+
+
 def timed_fn(x, w1, w2, keys):
     """A product, a serial norm, a product and a softmax over a dynamic length."""
     h = (w1 * x).sum(1)
@@ -54,6 +58,7 @@ def test_timed_kernel_splits_by_what_ran_and_leaves_no_trace(intervals):
     torch._dynamo.mark_dynamic(args[3], 0)
     threads = torch.get_num_threads()
     clock = intervals.BarrierClock(threads)
+    KEPT.append(clock)  # the timed kernel, in dynamo's cache for timed_fn, writes to its table
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     with intervals.timed_compile(clock):
         timed = torch.compile(timed_fn, options=compiled.cpu_options())
