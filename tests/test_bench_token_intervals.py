@@ -52,6 +52,7 @@ def plain_fn(x, w1, w2, keys):
     return (w2 * h).sum(1), scores
 
 
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: no parallel region to time")
 def test_timed_kernel_splits_by_what_ran_and_leaves_no_trace(intervals):
     torch.manual_seed(0)
     args = (torch.randn(256), torch.randn(512, 256), torch.randn(512, 512), torch.randn(40, 64))
