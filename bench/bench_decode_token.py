@@ -68,13 +68,19 @@ def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
     return run.compiled
 
 
+def model_copy(model: rm.RecurrentLM) -> rm.RecurrentLM:
+    """A copy of ``model`` with its weights: its own compiled graphs, the same tokens."""
+    twin = rm.RecurrentLM(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
 def twin_token(
     model: rm.RecurrentLM, ids: torch.Tensor, without: dict[str, object]
 ) -> CompiledDecode:
     """:func:`compiled_token` for a copy of ``model`` compiled with ``compiled.cpu_options`` less the
     inductor options ``without`` (a code generator's ``compile_options()``): its baseline."""
-    twin = rm.RecurrentLM(model.config).eval()
-    twin.load_state_dict(model.state_dict())
+    twin = model_copy(model)
     options = {k: v for k, v in compiled.cpu_options().items() if k not in without}
     with mock.patch.object(compiled, "cpu_options", lambda: options):
         compiled_generate(twin, ids)
@@ -86,8 +92,7 @@ def timed_token(
 ) -> tuple[CompiledDecode, str]:
     """:func:`compiled_token` for a copy of ``model`` compiled with barriers that add to ``clock``,
     and the source of its token kernel (the largest the compile wrote)."""
-    twin = rm.RecurrentLM(model.config).eval()
-    twin.load_state_dict(model.state_dict())
+    twin = model_copy(model)
     with timed_compile(clock):
         _, sources = run_and_get_code(compiled_generate, twin, ids)
         return compiled_token(twin, ids), max(sources, key=len)
@@ -143,8 +148,8 @@ def main() -> None:
     unchained = twin_token(model, ids, inductor_serial_chains.compile_options())
     pooled_tensors = twin_token(model, ids, inductor_pool_pointers.compile_options())
     floors, nbytes = floor_calls(model, STEPS)
-    clock = BarrierClock(args.threads)
-    timed = timed_token(model, ids, clock) if args.intervals else None
+    clock = BarrierClock(args.threads) if args.intervals else None
+    timed = timed_token(model, ids, clock) if clock else None
     methods: dict[str, Callable[[], float]] = {
         "generate(compile=True)": lambda: 1 / compiled_generate(model, ids)[1],
         "graph only": token_loop(decode, ids, 0),
@@ -159,7 +164,8 @@ def main() -> None:
     }
     times: dict[str, list[float]] = {name: [] for name in methods}
     order = list(methods)
-    clock.reset()
+    if clock:
+        clock.reset()  # of the compile's and the first call's barriers
     for _ in range(args.rounds):
         for name in order:
             times[name].append(methods[name]())

@@ -691,8 +691,8 @@ def _checked_boxed(
     """The boxed callable of ``direct``'s graph under torch.compile's wrappers
     (:func:`inductor_boxed.boxed_graph`) if, called in inference mode on this token's inputs as the
     direct call passes them (:meth:`_DirectGraph.boxed_inputs`), it returns exactly the graph's
-    ``computed`` outputs (as many, the same values); else None. Only
-    checked in inference mode, where it would be used."""
+    ``computed`` outputs (as many, the same values); else None. Only checked in inference mode,
+    where it would be used."""
     boxed = boxed_graph(direct.run) if torch.is_inference_mode_enabled() else None
     if boxed is None:
         return None
