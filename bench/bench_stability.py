@@ -1,7 +1,8 @@
 """What the stability analyses cost, as ratios from one run (timings are noisy on a shared CPU).
 
 1. k = 8 Lyapunov exponents over 64 steps for one token, as a multiple of one forward at the same
-   depth (64 core iterations over the same prompt); the goal is <= 3·k.
+   depth (64 core iterations over the same prompt); the goal is <= 3·k. Every token's λ_1 over 64
+   steps as one JVP per step (own-row attention) against one batched JVP of a tangent per token.
 2. Anderson's core passes against plain iteration to 1e-5 (and 1e-4), whole sequence, over the default
    prompts.
 3. The same at the 3.5B shape (preset "huginn-0125": random weights, bfloat16, CPU, one token): only
@@ -92,6 +93,27 @@ def lyapunov_cost(model: rm.RecurrentLM, repeats: int) -> None:
     print(f"[1] k={K} exponents over {STEPS} steps, token {position} of {len(ids)}: {lyap:.3f} s; "
           f"one forward at depth {STEPS}: {forward:.3f} s; ratio {lyap / forward:.1f} "
           f"(goal <= {3 * K})")  # fmt: skip
+
+
+def token_table_cost(model: rm.RecurrentLM, repeats: int) -> None:
+    """Every token's λ_1 over STEPS steps on the first prompt: one JVP per step (own-row attention,
+    the map's path) against one batched JVP of T single-row tangents, alternating, best of each."""
+    ids = model.tokenizer.encode(PROMPTS[0])
+    core = CoreMap.from_model(model, ids)
+    start = initial_state(model, core, 1.0, 0)
+    per_token = copy.copy(core)
+    per_token.causal_rows = False  # this copy takes the batched per-token JVPs
+    found, seconds = {}, {"one pass": [], "per token": []}
+    for _ in range(repeats):
+        for name, map_ in (("one pass", core), ("per token", per_token)):
+            t0 = time.perf_counter()
+            found[name] = token_stretches(map_, start, STEPS)
+            seconds[name].append(time.perf_counter() - t0)
+    one, each = min(seconds["one pass"]), min(seconds["per token"])
+    gap = np.abs(found["one pass"][STEPS // 2 :].mean(0) - found["per token"][STEPS // 2 :].mean(0))
+    print(f"[1] every token's λ_1, {len(ids)} tokens over {STEPS} steps: one JVP per step {one:.2f} s, "
+          f"one batched JVP of {len(ids)} tangents per step {each:.2f} s ({each / one:.1f}x); "
+          f"largest λ_1 difference {gap.max():.1e}")  # fmt: skip
 
 
 def anderson_vs_plain(model: rm.RecurrentLM, max_iter: int, tol: float) -> None:
@@ -436,6 +458,7 @@ def main() -> None:
         findings(model, args.out, args.tol, args.cap)
         return
     lyapunov_cost(model, args.repeats)
+    token_table_cost(model, args.repeats)
     for tol in (
         TOL,
         1e-4,

@@ -148,7 +148,7 @@ def checkpoint_series(
     4r̄ of the first checkpoint, ``num_steps`` to 4r̄; ``steps`` picks a subset of checkpoints.
     ``progress(done, total)`` is called after each checkpoint. ``stability`` adds ``lambda_1_mean``,
     ``lambda_1_max`` and ``share_stable`` (tokens whose block λ_1 < 0) at ``num_steps``; it costs
-    about one JVP per token and iteration more, so it is off unless asked for.
+    about one JVP per iteration more, so it is off unless asked for.
     """
     if not texts:
         raise ValueError("texts is empty: give the texts to measure loss and dynamics on")

@@ -54,6 +54,9 @@ class StateMap:
 
     shape: tuple[int, int]
     dtype: torch.dtype
+    #: True when rows meet only in torch's causal scaled_dot_product_attention (a model's map
+    #: without hooks): every token's block image then comes from one JVP (token_block_jvp).
+    causal_rows: bool = False
 
     def __call__(self, state: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -98,6 +101,8 @@ class CallableMap(StateMap):
 
 class CoreMap(StateMap):
     """F(s) = core(adapter([s; e])) for one prompt; s and F(s) are (T, h)."""
+
+    causal_rows = True
 
     def __init__(
         self,
@@ -199,6 +204,11 @@ class LoopMap(StateMap):
     def prefix(self, length: int) -> LoopMap:
         """The same map over the first ``length`` positions (what position length − 1 sees)."""
         return LoopMap(self.model, self.e[:length])
+
+    @property
+    def causal_rows(self) -> bool:  # type: ignore[override]
+        """Rows meet only in attention unless a hook (which may mix positions) is attached."""
+        return not self.model.has_hooks()
 
     def __call__(self, state: torch.Tensor) -> torch.Tensor:
         # no_grad: the weights are constants of the map; JVPs are forward-mode and unaffected

@@ -29,6 +29,7 @@ import recurrent_model as rm
 
 from .core_map import StateMap, problems
 from .spectrum import check_k
+from .token_block_jvp import token_block_images
 
 #: An exponent within this many standard errors of 0 is neutral.
 NEUTRAL_Z = 2.0
@@ -273,8 +274,10 @@ def token_stretches(
 ) -> np.ndarray:
     """(num_steps, T) per-step log-stretch of every token's block ∂F_t/∂s_t from ``start``.
 
-    Tangent t lives on row t only; one batched JVP of the full map gives J·V, whose row t is the
-    block's image (causal attention: the rows before t do not move, the rows after it are dropped).
+    A model's map (rows meeting only in causal attention, :attr:`StateMap.causal_rows`) gives every
+    block's image from one JVP (:func:`token_block_images`, checked on the last token at the first
+    step). Any other map: tangent t on row t only, T of them in one batched JVP of the full map,
+    whose row t of image t is the block's image.
     """
     T = start.shape[0]
     rows = torch.arange(T)
@@ -283,11 +286,15 @@ def token_stretches(
         start.dtype
     )
     vectors = vectors / vectors.norm(dim=-1, keepdim=True)
+    one_pass = getattr(map_, "causal_rows", False)
     state, logs = start, []
-    for _ in range(int(num_steps)):
-        tangents = torch.zeros(T, *start.shape, dtype=start.dtype)
-        tangents[rows, rows] = vectors
-        images = batched_jvp(map_, state, tangents)[rows, rows]
+    for step in range(int(num_steps)):
+        if one_pass:
+            images = token_block_images(map_, state, vectors, check=step == 0)
+        else:
+            tangents = torch.zeros(T, *start.shape, dtype=start.dtype)
+            tangents[rows, rows] = vectors
+            images = batched_jvp(map_, state, tangents)[rows, rows]
         norms = images.double().norm(dim=-1)
         logs.append(norms.log().numpy())
         vectors = (images / norms[:, None].to(images.dtype)).detach()
