@@ -8,7 +8,8 @@ new tokens). Each round times, side by side:
   ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``' chains and
   spinning barriers), and of one whose
   launcher makes a tensor of each pooled intermediate ("graph, pooled tensors": without
-  ``inductor_pool_pointers``);
+  ``inductor_pool_pointers``), and of one whose launcher checks every input's sizes and strides on
+  each call ("graph, size asserts": inductor's default, where the direct callers check instead);
 - that loop with the greedy argmax fed back ("graph + argmax"): the first op after a token;
 - that loop with a second, identical argmax ("+ the same op again"): what the op costs warm;
 - with ``--intervals``, the graphs of a copy compiled with timed barriers (``token_intervals``),
@@ -147,6 +148,7 @@ def main() -> None:
     decode = compiled_token(model, ids)
     unchained = twin_token(model, ids, inductor_serial_chains.compile_options())
     pooled_tensors = twin_token(model, ids, inductor_pool_pointers.compile_options())
+    asserted = twin_token(model, ids, {"size_asserts": False})
     floors, nbytes = floor_calls(model, STEPS)
     clock = BarrierClock(args.threads) if args.intervals else None
     timed = timed_token(model, ids, clock) if clock else None
@@ -155,6 +157,7 @@ def main() -> None:
         "graph only": token_loop(decode, ids, 0),
         "graph, unchained": token_loop(unchained, ids, 0),
         "graph, pooled tensors": token_loop(pooled_tensors, ids, 0),
+        "graph, size asserts": token_loop(asserted, ids, 0),
         **({"graph, timed barriers": token_loop(timed[0], ids, 0)} if timed else {}),
         "graph + argmax": token_loop(decode, ids, 1),
         "+ the same op again": token_loop(decode, ids, 2),
@@ -187,6 +190,7 @@ def main() -> None:
     print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
     print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one OpenMP barrier per loop)")  # fmt: skip
     print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate)")  # fmt: skip
+    print(f"  no launcher size asserts      {1e6 * paired('graph only', 'graph, size asserts'):6.1f} us (against checking every input on each call)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph only'):6.1f} us (a greedy argmax)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
     print(f"  rest of generate's host work  {1e6 * paired('generate(compile=True)', 'graph + argmax'):6.1f} us")  # fmt: skip

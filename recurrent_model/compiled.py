@@ -242,7 +242,10 @@ def _source_name(source: Any) -> str:
 #: buffers. A token fused into one kernel keeps all its intermediates alive at once, so inductor
 #: cannot reuse them; without the pool the launcher allocates and frees each one per call, and with
 #: it still makes a tensor of each (:mod:`.inductor_pool_pointers` makes them pointers).
-CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True}
+# size_asserts off: dynamo's guards check the inputs of every guarded call and the direct decode
+# callers check theirs once per caller or per token (_DirectEntry.caller, CompiledDecode._token),
+# where the launcher would check all ~60 of a token's inputs on every call.
+CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "size_asserts": False}
 
 
 def cpu_options() -> dict[str, Any]:
@@ -306,8 +309,9 @@ class _DirectGraph:
     ~60 inputs and its Python wrappers decide nothing after the first call. In inference mode the
     call skips AOT autograd's wrappers too where they were found and checked (``boxed``,
     :mod:`.inductor_boxed`), and passes the key count as a tensor made once per count, which the
-    graph's C++ launcher would make on every call. The launcher still checks every input's sizes
-    and strides.
+    graph's C++ launcher would make on every call. The launcher does not check the inputs' sizes
+    and strides (``size_asserts`` off): the fixed inputs are checked once per caller
+    (:meth:`_DirectEntry.caller`), the per-token ones by :meth:`CompiledDecode._token`.
     A piece that passes an input through (the prelude piece's s_0, a middle chunk's e) returns that
     input as dynamo did.
     """
@@ -360,15 +364,31 @@ class _DirectGraph:
         return first, second
 
 
+Layout = tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device] | None
+
+
+def _layouts(inputs: list[Any]) -> tuple[Layout, ...]:
+    """Each tensor input's sizes, strides, dtype and device (None for other inputs): what the
+    compiled graph was built for and its launcher, built without size asserts, does not check."""
+    return tuple(
+        (x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor) else None
+        for x in inputs
+    )
+
+
 class _DirectEntry(NamedTuple):
     run: Callable
     sources: tuple[str, ...]
     outputs: Outputs
     boxed: Callable[[list], Any] | None
+    layouts: tuple[Layout, ...]  # the fixed inputs' layouts at the graph's first call
 
-    def caller(self, args: tuple) -> _DirectGraph:
-        """The graph's direct caller for a piece's arguments ``args``."""
-        return _DirectGraph(self.run, self.sources, self.outputs, args, self.boxed)
+    def caller(self, args: tuple) -> _DirectGraph | None:
+        """The graph's direct caller for a piece's arguments ``args``; None where a fixed input
+        (a weight, a cache slot) is not laid out as when the graph was built, which only dynamo's
+        guards may then decide."""
+        direct = _DirectGraph(self.run, self.sources, self.outputs, args, self.boxed)
+        return direct if _layouts(direct.inputs) == self.layouts else None
 
 
 class _CompiledFunction(NamedTuple):
@@ -681,7 +701,8 @@ class CompileState:
             return None
         computed = [o for o, i in zip(out, outputs, strict=True) if i is None]
         direct.boxed = _checked_boxed(direct, per_token, computed)
-        self.direct[key] = _DirectEntry(captured.run, sources, outputs, direct.boxed)
+        layouts = _layouts(direct.inputs)
+        self.direct[key] = _DirectEntry(captured.run, sources, outputs, direct.boxed, layouts)
         return direct
 
 
@@ -780,6 +801,7 @@ class CompiledDecode:
         self.keys = _key_ranges(cache.max_length, model.device, dynamic=mode is None)
         self.dtype = model.dtype  # read per token: the model's property walks its parameters
         self.shape_key = (cache.kv.shape[1], cache.max_length, self.dtype, mode)
+        self.token_shape = (cache.kv.shape[1], 1)
         self.zero_state: torch.Tensor | None = None
         self.direct: dict[int, _DirectGraph | None] = {}  # per piece, once looked up
         self.compile_seconds = 0.0
@@ -840,12 +862,19 @@ class CompiledDecode:
         self, ids: torch.Tensor, start: int, state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode token: the graphs of ``pieces`` in turn, with as little host work as possible."""
+        if ids.shape != self.token_shape or ids.dtype != torch.long:
+            raise ValueError(f"a decode token takes {self.token_shape} int64 ids, got "
+                             f"{tuple(ids.shape)} {ids.dtype}")  # fmt: skip
         x = ids.reshape(-1).clone().view(ids.shape)  # the same strides and mode for every token
         if state is None:  # s_0 = 0: one zero tensor, made in the caller's mode, serves every token
             if self.zero_state is None:
                 self.zero_state = torch.zeros(*ids.shape, self.model.config.n_embd,
                                               device=ids.device, dtype=self.model.dtype)  # fmt: skip
             state = self.zero_state
+        elif state.shape != (*ids.shape, self.model.config.n_embd):
+            raise ValueError(f"s_0 of shape {tuple(state.shape)} for ids of {tuple(ids.shape)}")
+        else:  # one layout for every token (a prefill's last latent is a strided view)
+            state = state.contiguous()
         positions, key_valid, keys = self.positions[start], self.cache.key_valid, self.keys[start]
         for i, piece in enumerate(self.pieces):
             direct = self.direct.get(i)
@@ -866,7 +895,8 @@ class CompiledDecode:
         same_dtype = per_token[_PER_TOKEN_ARGS.index("state")].dtype == self.dtype
         if self.mode is None and key in self.state.direct and same_dtype:
             direct = self.direct[i] = self.state.direct_graph(key, None, args, ())
-            return direct(*per_token)  # type: ignore[misc]
+            if direct is not None:
+                return direct(*per_token)
         decode = self.state.function("decode", key, self.mode)
         if decode.recorder is not None:
             decode.recorder.captured = None

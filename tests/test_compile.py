@@ -38,12 +38,15 @@ def test_compiled_blocks_match_eager_and_keep_hooks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch, steps, budget", [(1, 2, None), (2, 2, None), (1, 10, 4)])
-def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget):
+@pytest.mark.parametrize("batch, steps, budget", [(1, 2, None), (2, 2, None), (1, 6, 4)])
+def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget, monkeypatch):
     # A one-token prompt needs no prefill, so only the decode step compiles (one small graph).
     # Batch 1 takes the CPU's sum-written projections and attention, batch 2 torch's kernels;
-    # 10 iterations run as prelude, two chunks of 5 and coda (separate graphs), here over a
-    # budgeted cache whose core slots repeat within a chunk.
+    # with at most 3 iterations unrolled, 6 run as prelude, two chunks of 3 and coda (separate
+    # graphs), here over a budgeted cache whose core slots repeat within a chunk.
+    from recurrent_model import compiled as C
+
+    monkeypatch.setattr(C, "MAX_UNROLLED_STEPS", 3)
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():
@@ -208,6 +211,13 @@ def test_compiled_decode_of_a_left_padded_batch_gives_the_eager_tokens():
     compiled = model.generate(ids, 4, compile=True, **kw)
     assert torch.equal(compiled.sequences, eager.sequences)
     torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
+    # Continuous compute starts each token from the last latent: the first a strided view of the
+    # prefill's latents, the next the token graph's own output.
+    kw.update(continuous_compute=True)
+    eager = model.generate(ids, 4, **kw)
+    compiled = model.generate(ids, 4, compile=True, **kw)
+    assert torch.equal(compiled.sequences, eager.sequences)
+    torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -271,6 +281,40 @@ def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directl
     assert torch.equal(y, torch.full((1, 1), 6.0)) and torch.equal(s, s0 + 3)
     again = state.direct_graph(("good",), None, args, (x + 1, s0))  # found again without a capture
     assert isinstance(again, type(direct)) and again.inputs == direct.inputs
+
+
+def test_a_fixed_input_laid_out_otherwise_is_left_to_dynamos_guards():
+    # The launcher does not check its inputs' sizes and strides: a direct caller is only made
+    # for fixed inputs laid out as at the graph's first call.
+    from recurrent_model.compiled import CompileState, _Captured
+
+    state, x, s0 = CompileState(), torch.ones(1, 1), torch.zeros(1, 1, 4)
+
+    def args(w: torch.Tensor) -> tuple:
+        return (w, x, None, None, s0, None, None, None, 1, True, True)
+
+    plus_w = _Captured(lambda w, x: (x + w.sum(),), ("L['w']", "L['x']"), 1)
+    assert state.direct_graph(("k",), plus_w, args(torch.ones(3)), (x + 3, s0)) is not None
+    same = state.direct_graph(("k",), None, args(torch.full((3,), 2.0)), ())
+    y, _ = same(x, None, s0, None, None)
+    assert torch.equal(y, x + 6)
+    for w in (torch.ones(4), torch.ones(6)[::2], torch.ones(3, dtype=torch.float64)):
+        assert state.direct_graph(("k",), None, args(w), ()) is None
+
+
+def test_a_decode_token_refuses_ids_and_states_of_another_shape():
+    from recurrent_model.compiled import CompiledDecode
+
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    decode = CompiledDecode(model, rm.KVCache(model.config, 1, 64, 2), 2, matvec=())
+    h = model.config.n_embd
+    with pytest.raises(ValueError, match=r"takes \(1, 1\) int64 ids, got \(2, 1\)"):
+        decode(torch.zeros(2, 1, dtype=torch.long), 0, None)
+    with pytest.raises(ValueError, match="int64 ids, got .* torch.int32"):
+        decode(torch.zeros(1, 1, dtype=torch.int32), 0, None)
+    with pytest.raises(ValueError, match=r"s_0 of shape \(1, 1, 3\) for ids of \(1, 1\)"):
+        decode(torch.zeros(1, 1, dtype=torch.long), 0, torch.zeros(1, 1, 3))
+    assert h != 3
 
 
 def test_a_size_source_passes_the_per_token_key_count():
