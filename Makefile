@@ -23,13 +23,18 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them: most
+# tests compile, spawn ranks or wait on a browser with one core to spare. TEST_WORKERS=0 runs it in
+# this process.
+TEST_WORKERS ?= 2
+
 test: setup lint browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The edit-test loop: every test but those marked slow (multi-rank runs, notebooks, the browser test,
 # corpus builds, compiled decodes); `make test` still runs them all.
 test-fast: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 # Debian's Chromium for the browser end-to-end test (installed only when missing).
 browser:

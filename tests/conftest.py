@@ -27,6 +27,29 @@ def _restore_main_module() -> Iterator[None]:
     sys.modules["__main__"] = _MAIN
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    """A test that changes torch's thread count puts it back: the next test in the process (another
+    one under another order of the files) would otherwise run on the count it left."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if before is not None and torch.get_num_threads() != before:
+        left = torch.get_num_threads()
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch at {left} threads instead of {before}")
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for the test, the count before restored after it."""
+    from recurrent_model.threads import single_thread
+
+    with single_thread(True):
+        yield
+
+
 @pytest.fixture(scope="session")
 def model() -> Iterator[rm.RecurrentLM]:
     """The tiny preset with the random weights of ``torch.manual_seed(0)``, in eval mode, built once

@@ -8,6 +8,7 @@ import torch
 
 import workbench as wb
 from recurrent_model.standin import fallback_model
+from recurrent_model.threads import single_thread
 from workbench.checkpoint_series import checkpoint_dirs
 from workbench.figures import checkpoint_series_figure
 
@@ -27,8 +28,8 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def series(run_dir):
-    torch.set_num_threads(1)
-    return wb.checkpoint_series(run_dir, [TEXT], depths=(1, 3), num_steps=16, seeds=(0, 1))
+    with single_thread(True):
+        return wb.checkpoint_series(run_dir, [TEXT], depths=(1, 3), num_steps=16, seeds=(0, 1))
 
 
 def test_rows_in_step_order_with_logged_losses(series):
@@ -86,12 +87,13 @@ def test_figure_has_a_trace_per_depth_and_kind(series):
         checkpoint_series_figure(series.drop(columns=["spread"]))
 
 
-def test_the_training_view_counts_the_labels_the_dynamics_tab_shows(shipped_model, tmp_path):
+def test_the_training_view_counts_the_labels_the_dynamics_tab_shows(
+    shipped_model, tmp_path, one_thread
+):
     # One label per token: a fixed point that has not settled is "converging" in every view.
     from apps.tab_dynamics import shown_kinds
     from workbench.dynamics import LABELS, label_shares
 
-    torch.set_num_threads(1)
     shipped_model.save_pretrained(tmp_path / "checkpoints" / "step-0000001")
     prompt = "Claire makes a 3 egg omelet every morning for breakfast."
     series = wb.checkpoint_series(tmp_path, [prompt], depths=(1,), num_steps=16, seeds=(0, 1))

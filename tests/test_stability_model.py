@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 import recurrent_model as rm
 import workbench
+from recurrent_model.threads import single_thread
 from workbench.core_map import CoreMap, initial_state, iterate
 from workbench.stretch_attribution import stretch_attribution
 
@@ -19,9 +21,10 @@ SETTLED = 4  # a token whose trajectory settles on a fixed point
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> None:
+def analyses_on_one_thread() -> Iterator[None]:
     """The analyses here run on one thread."""
-    torch.set_num_threads(1)
+    with single_thread(True):
+        yield
 
 
 @pytest.fixture(scope="module")

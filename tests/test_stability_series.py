@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import recurrent_model as rm
 import workbench
@@ -17,10 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SERIES = ROOT / "checkpoints" / "default" / "series"
 
 
-def test_token_exponents_match_one_token_runs():
+def test_token_exponents_match_one_token_runs(one_thread):
     if not (ROOT / "checkpoints" / "default" / "model.safetensors").is_file():
         pytest.skip("checkpoints/default is not present")
-    torch.set_num_threads(1)
     model = rm.load_model(ROOT / "checkpoints" / "default")
     ids = model.tokenizer.encode("Claire makes a 3 egg")
     core = CoreMap.from_model(model, ids)
@@ -31,10 +29,9 @@ def test_token_exponents_match_one_token_runs():
         assert every[position] == pytest.approx(one.exponents[0], abs=0.01)  # other start vectors
 
 
-def test_checkpoint_series_adds_lambda_1_only_when_asked():
+def test_checkpoint_series_adds_lambda_1_only_when_asked(one_thread):
     if not SERIES.is_dir():
         pytest.skip("checkpoints/default/series is not present")
-    torch.set_num_threads(1)
     kwargs = dict(depths=(1,), num_steps=16, seeds=(0, 1), steps=[300])
     plain = workbench.checkpoint_series(SERIES, ["def add(a, b):"], **kwargs)
     assert "lambda_1_mean" not in plain.columns
