@@ -60,11 +60,19 @@ def test_own_row_attention_has_the_fused_kernels_values(causal, window, kv_heads
         own_row_attention(q, k[..., :4, :], v[..., :4, :], is_causal=True)
 
 
-def test_rows_meeting_outside_attention_are_refused(family_model):
+@pytest.mark.parametrize("direction", ["earlier into later", "later into earlier"])
+def test_rows_meeting_outside_attention_are_refused(family_model, direction):
     core, state = _map_and_state(family_model)
-    mixed = CallableMap(lambda s: core(s) + 0.5 * s.cumsum(0), core.shape, core.dtype)
+
+    def mix(s: torch.Tensor) -> torch.Tensor:
+        if direction == "earlier into later":
+            return s.cumsum(0)
+        return s.flip(0).cumsum(0).flip(0)
+
+    mixed = CallableMap(lambda s: core(s) + 0.5 * mix(s), core.shape, core.dtype)
     mixed.causal_rows = True  # claims what it does not hold
-    with pytest.raises(ValueError, match="rows meet outside torch's scaled_dot_product_attention"):
+    row = T - 1 if direction == "earlier into later" else 0
+    with pytest.raises(ValueError, match=f"token {row}'s block image .* rows meet outside torch"):
         token_stretches(mixed, state, 2)
     mixed.causal_rows = False  # the per-token JVPs serve any map
     assert token_stretches(mixed, state, 2).shape == (2, T)

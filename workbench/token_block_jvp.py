@@ -10,8 +10,10 @@ row-wise, so one JVP of the full map under it gives every row's J_tt·v_t: the w
 than T of them.
 
 The primal values are those of plain attention (the added terms are zeros); only tangents change.
-:func:`token_block_images` checks the last row against a JVP with that row's tangent alone and
-stops with one line when they differ, which a map whose rows meet some other way would show.
+:func:`token_block_images` checks the first and the last row, each against a JVP with that row's
+tangent alone, and stops with one line when they differ, which a map whose rows meet some other way
+would show (the last row takes what reaches it from earlier rows, the first what reaches it from
+later ones).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from torch.func import jvp
 from torch.overrides import TorchFunctionMode
 
-#: The last row's image from the one-pass JVP may differ from its own JVP's by this much, relative
+#: A checked row's image from the one-pass JVP may differ from its own JVP's by this much, relative
 #: to its norm (rounding of a different order of sums), or by this many of the dtype's ulps.
 CHECK_RTOL, CHECK_ULPS = 1e-4, 64
 
@@ -91,34 +93,36 @@ def token_block_images(
 ) -> torch.Tensor:
     """(T, h): row t is J_tt·v_t, token t's block Jacobian at ``state`` (T, h) applied to row t
     of ``vectors``, from one JVP of ``map_`` under :class:`OwnRowAttention`. ``check`` compares
-    the last row with a JVP of its tangent alone (one JVP more): a map whose rows meet outside
-    torch's attention (positions mixed by hand, attention written out) stops with a ValueError."""
+    the first and the last row with JVPs of their tangents alone (two JVPs more): a map whose rows
+    meet outside torch's attention (positions mixed by hand, attention written out) stops with a
+    ValueError."""
     mode = OwnRowAttention()
     with mode:
         images = jvp(map_, (state,), (vectors,))[1]
     if check:
-        check_last_row(map_, state, vectors, images, mode.calls)
+        for row in sorted({0, state.shape[0] - 1}):
+            check_row(map_, state, vectors, images, row, mode.calls)
     return images
 
 
-def check_last_row(
+def check_row(
     map_: Callable[[torch.Tensor], torch.Tensor],
     state: torch.Tensor,
     vectors: torch.Tensor,
     images: torch.Tensor,
+    row: int,
     attention_calls: int,
 ) -> None:
-    """Stop with one line unless the last row of ``images`` is the JVP of its tangent alone."""
-    last = state.shape[0] - 1
+    """Stop with one line unless ``images[row]`` is the JVP of that row's tangent alone."""
     alone = torch.zeros_like(vectors)
-    alone[last] = vectors[last]
-    expected = jvp(map_, (state,), (alone,))[1][last]
-    gap = float((images[last] - expected).double().norm())
+    alone[row] = vectors[row]
+    expected = jvp(map_, (state,), (alone,))[1][row]
+    gap = float((images[row] - expected).double().norm())
     scale = float(expected.double().norm())
     allowed = max(CHECK_RTOL, CHECK_ULPS * torch.finfo(state.dtype).eps) * scale
     if not gap <= allowed:
         raise ValueError(
-            f"the one-pass token JVP puts the last token's block image {gap:.3g} from its own JVP "
+            f"the one-pass token JVP puts token {row}'s block image {gap:.3g} from its own JVP "
             f"(norm {scale:.3g}; {attention_calls} attention calls seen): the map's rows meet "
             f"outside torch's scaled_dot_product_attention"
         )
