@@ -229,14 +229,17 @@ def train(
     **options: bool,
 ) -> int:
     """Train in this process (one rank) with ``callbacks``; returns an exit code. ``options``:
-    the Trainer's ``allow_data_change`` and ``reset_optimizer``."""
+    the Trainer's ``allow_data_change`` and ``reset_optimizer``. Torch's thread count is the
+    caller's again afterwards."""
     from cluster.context import init_distributed, shutdown
     from pretrain.metrics import json_safe
     from pretrain.run_lock import RunLockedError, hold_run_directory
+    from recurrent_model.threads import kept_threads
 
     ctx = init_distributed(config.train.device, config.distributed.timeout_minutes, out)
     try:
-        with hold_run_directory(out, ctx):
+        # train.threads is the trainer's; a caller in this process keeps its own count
+        with hold_run_directory(out, ctx), kept_threads():
             code, summary = run_trainer(config, out, ctx, resume, max_steps, callbacks, **options)
     except RunLockedError as exc:
         if ctx.is_main:

@@ -29,6 +29,17 @@ def threads_for(model) -> Iterator[None]:
 
 
 @contextmanager
+def kept_threads() -> Iterator[None]:
+    """Torch's thread count as it was before the block, whatever the block set (a trainer run in
+    the caller's process sets its own)."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def single_thread(small: bool) -> Iterator[None]:
     """One torch and BLAS thread inside the block when ``small``; restored after. For work that
     loads its own models (a checkpoint series): ``small`` from their config's parameter count,
@@ -36,13 +47,9 @@ def single_thread(small: bool) -> Iterator[None]:
     if not small:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(1):
-            yield
-    finally:
-        torch.set_num_threads(before)
+    with kept_threads(), threadpool_limits(1):
+        torch.set_num_threads(1)
+        yield
 
 
 def prefer_single_thread(model) -> bool:

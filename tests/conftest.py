@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,18 +28,35 @@ def _restore_main_module() -> Iterator[None]:
     sys.modules["__main__"] = _MAIN
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads() -> Iterator[None]:
-    """A test that changes torch's thread count puts it back: the next test in the process (another
-    one under another order of the files) would otherwise run on the count it left."""
+def _torch_threads() -> int | None:
     torch = sys.modules.get("torch")
-    before = torch.get_num_threads() if torch is not None else None
+    return None if torch is None else torch.get_num_threads()
+
+
+@contextmanager
+def _threads_kept(what: str) -> Iterator[None]:
+    """Fail ``what`` (a test, a test module) if it leaves torch's thread count changed, and put the
+    count back: the next test in the process (another one under another order of the files) would
+    otherwise run on the count it left."""
+    before = _torch_threads()
     yield
-    torch = sys.modules.get("torch")
-    if before is not None and torch.get_num_threads() != before:
-        left = torch.get_num_threads()
-        torch.set_num_threads(before)
-        pytest.fail(f"the test left torch at {left} threads instead of {before}")
+    after = _torch_threads()
+    if before is not None and after != before:
+        sys.modules["torch"].set_num_threads(before)
+        pytest.fail(f"{what} left torch at {after} threads instead of {before}")
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    with _threads_kept(f"the test {request.node.name}"):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _keep_torch_threads_per_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The same for what a module's fixtures set."""
+    with _threads_kept(f"the fixtures of {request.module.__name__}"):
+        yield
 
 
 @pytest.fixture
