@@ -98,7 +98,7 @@ def test_few_shot_prompt_uses_training_problems_then_the_question():
     assert all("=" in line and line.split("=")[1].strip().isdigit() for line in lines[:3])
 
 
-def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path):
+def test_end_to_end_writes_table_plot_and_json(checkpoint, tmp_path, one_thread):
     results = evaluate.main(
         [
             "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"),

@@ -109,7 +109,9 @@ def test_an_unknown_strategy_is_refused_by_the_config_and_the_plan(tiny):
         get_strategy("hsdp", shard_size=8).shard_counts(3, 4)
 
 
-def test_the_toy_strategy_trains_on_one_rank_and_callbacks_see_each_step(toy, tiny, tmp_path):
+def test_the_toy_strategy_trains_on_one_rank_and_callbacks_see_each_step(
+    toy, tiny, tmp_path, one_thread
+):
     _, config_path = tiny
     config = load_config(config_path, ["distributed.strategy=toy"])
     recorder = Recorder()
