@@ -275,9 +275,9 @@ def token_stretches(
     """(num_steps, T) per-step log-stretch of every token's block ∂F_t/∂s_t from ``start``.
 
     A model's map (rows meeting only in causal attention, :attr:`StateMap.causal_rows`) gives every
-    block's image from one JVP (:func:`token_block_images`, checked on the last token at the first
-    step). Any other map: tangent t on row t only, T of them in one batched JVP of the full map,
-    whose row t of image t is the block's image.
+    block's image from one JVP (:func:`token_block_images`, checked on the first and the last
+    token at the first step). Any other map: tangent t on row t only, T of them in one batched JVP
+    of the full map, whose row t of image t is the block's image.
     """
     T = start.shape[0]
     rows = torch.arange(T)
@@ -286,7 +286,7 @@ def token_stretches(
         start.dtype
     )
     vectors = vectors / vectors.norm(dim=-1, keepdim=True)
-    one_pass = getattr(map_, "causal_rows", False)
+    one_pass = getattr(map_, "causal_rows", False)  # a plain function serves as a map too
     state, logs = start, []
     for step in range(int(num_steps)):
         if one_pass:
