@@ -73,9 +73,9 @@ def per_token_source(source: str) -> tuple[int, int | None] | None:
     return _PER_TOKEN_ARGS.index(match.group(1)), None if dim is None else int(dim)
 
 
-#: A decode piece's two results: None for one its graph computes, else the index in _PER_TOKEN_ARGS of
-#: the input it passes through (dynamo returns that input itself; the graph has no output for it)
-Outputs = tuple[int | None, int | None]
+#: A decode piece's results, each None where its graph computes it, else the index in _PER_TOKEN_ARGS
+#: of the input it passes through (dynamo returns that input itself; the graph has no output for it)
+Outputs = tuple[int | None, ...]
 #: torch releases (major, minor) on which the direct call (:class:`_DirectGraph`) was checked: it
 #: reads dynamo's record of where each graph input comes from, which is internal to torch. Other
 #: releases compile with plain torch.compile.
@@ -170,11 +170,12 @@ def _decode_piece(
     num_steps: int,
     first: bool,
     last: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """One token per row through part of the forward recipe; the whole of it when first and last.
 
     x is the token ids (B, 1) when ``first`` (the prelude runs here), else the prelude's output e.
-    Returns (float32 logits (B, 1, V), latents ln_f(s_r)) when ``last``, else (state, e). ``slots``
+    Returns (float32 logits (B, 1, V), latents ln_f(s_r), the greedy tokens (B,)) when ``last``,
+    else (state, e): the argmax in the graph saves a greedy decode two ops per token. ``slots``
     holds the cache slot of each of this piece's layer calls in order: views passed one by one, so
     that each write touches its slot only. The per-token host work is in the graph too: the RoPE row
     and the attention mask come from ``positions`` (1,), the whole RoPE table ``rope`` and the
@@ -194,7 +195,9 @@ def _decode_piece(
     parts = stack.SlotList(calls[:n_prelude], [calls[i : i + n_core] for i in at],
                            calls[len(calls) - len(w.coda) :] if last else [])  # fmt: skip
     out = stack.run(w, x, rope, num_steps, state, slots=parts, first=first, last=last)
-    return (out.logits, out.latents) if last else (out.state, out.e)
+    if last:
+        return out.logits, out.latents, out.logits[:, -1].argmax(-1)
+    return out.state, out.e
 
 
 def _prefill_block(
@@ -243,7 +246,7 @@ def _source_name(source: Any) -> str:
 #: cannot reuse them; without the pool the launcher allocates and frees each one per call, and with
 #: it still makes a tensor of each (:mod:`.inductor_pool_pointers` makes them pointers).
 # size_asserts off: dynamo's guards check the inputs of every guarded call and the direct decode
-# callers check theirs once per caller or per token (_DirectEntry.caller, CompiledDecode._token),
+# callers check theirs once per caller or per token (_DirectEntry.caller, CompiledDecode.token),
 # where the launcher would check all ~60 of a token's inputs on every call.
 CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "size_asserts": False}
 
@@ -311,7 +314,7 @@ class _DirectGraph:
     :mod:`.inductor_boxed`), and passes the key count as a tensor made once per count, which the
     graph's C++ launcher would make on every call. The launcher does not check the inputs' sizes
     and strides (``size_asserts`` off): the fixed inputs are checked once per caller
-    (:meth:`_DirectEntry.caller`), the per-token ones by :meth:`CompiledDecode._token`.
+    (:meth:`_DirectEntry.caller`), the per-token ones by :meth:`CompiledDecode.token`.
     A piece that passes an input through (the prelude piece's s_0, a middle chunk's e) returns that
     input as dynamo did.
     """
@@ -355,13 +358,12 @@ class _DirectGraph:
                 inputs[i] = size
         return inputs
 
-    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         if self.boxed is not None and torch.is_inference_mode_enabled():
             computed = iter(self.boxed(self.boxed_inputs(per_token)))
         else:
             computed = iter(self.run(*self.graph_inputs(per_token)))
-        first, second = (next(computed) if i is None else per_token[i] for i in self.outputs)
-        return first, second
+        return tuple(next(computed) if i is None else per_token[i] for i in self.outputs)
 
 
 Layout = tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device] | None
@@ -760,6 +762,14 @@ def _key_ranges(length: int, device: torch.device, dynamic: bool) -> list[torch.
     return [views[min(length, -(-(p + 1) // KEY_BLOCK) * KEY_BLOCK)] for p in range(length)]
 
 
+class DecodedToken(NamedTuple):
+    """A compiled decode token's results."""
+
+    logits: torch.Tensor  # (B, 1, V), float32
+    latents: torch.Tensor  # ln_f(s_r), (B, 1, h)
+    greedy: torch.Tensor  # (B,) the logits' argmax, taken in the graph
+
+
 class CompiledDecode:
     """Fixed-depth chunks of ``model`` over ``cache``: compiled decode token, per-layer prefill."""
 
@@ -802,6 +812,9 @@ class CompiledDecode:
         self.dtype = model.dtype  # read per token: the model's property walks its parameters
         self.shape_key = (cache.kv.shape[1], cache.max_length, self.dtype, mode)
         self.token_shape = (cache.kv.shape[1], 1)
+        # ids laid out as the graph reads them are taken as they are, the greedy tokens of the
+        # previous token included; not under CUDA graphs, whose next replay reuses their memory
+        self.reuse_ids = mode is None
         self.zero_state: torch.Tensor | None = None
         self.direct: dict[int, _DirectGraph | None] = {}  # per piece, once looked up
         self.compile_seconds = 0.0
@@ -847,47 +860,54 @@ class CompiledDecode:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``ids`` (B, T) at positions start… from s_0 = ``state`` (None: zeros):
         (logits (B, 1, V), latents)."""
-        m, c = self.model, self.cache
         B, T = ids.shape
-        c.begin(start, T)  # checks that the positions fit
-        if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
-            torch.compiler.cudagraph_mark_step_begin()
         if T == 1:
-            return self._token(ids, start, state)
+            logits, latents, _ = self.token(ids, start, state)
+            return logits, latents
+        self._begin(start, T)
         if state is None:
-            state = torch.zeros(B, T, m.config.n_embd, device=ids.device, dtype=m.dtype)
+            state = torch.zeros(B, T, self.model.config.n_embd, device=ids.device, dtype=self.dtype)
         return self._prefill(ids, start, state)
 
-    def _token(
-        self, ids: torch.Tensor, start: int, state: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode token: the graphs of ``pieces`` in turn, with as little host work as possible."""
+    def _begin(self, start: int, length: int) -> None:
+        self.cache.begin(start, length)  # checks that the positions fit
+        if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def token(self, ids: torch.Tensor, start: int, state: torch.Tensor | None) -> DecodedToken:
+        """One decode token, ids (B, 1) at position ``start`` from s_0 = ``state`` (None: zeros):
+        the graphs of ``pieces`` in turn, with as little host work as possible."""
+        self._begin(start, 1)
         if ids.shape != self.token_shape or ids.dtype != torch.long:
             raise ValueError(f"a decode token takes {self.token_shape} int64 ids, got "
                              f"{tuple(ids.shape)} {ids.dtype}")  # fmt: skip
-        x = ids.reshape(-1).clone().view(ids.shape)  # the same strides and mode for every token
+        x = ids
+        if not (self.reuse_ids and ids.stride() == (1, 1) and ids.is_inference()):
+            x = ids.reshape(-1).clone().view(ids.shape)  # the same strides and mode for every token
         if state is None:  # s_0 = 0: one zero tensor, made in the caller's mode, serves every token
             if self.zero_state is None:
                 self.zero_state = torch.zeros(*ids.shape, self.model.config.n_embd,
-                                              device=ids.device, dtype=self.model.dtype)  # fmt: skip
+                                              device=ids.device, dtype=self.dtype)  # fmt: skip
             state = self.zero_state
         elif state.shape != (*ids.shape, self.model.config.n_embd):
             raise ValueError(f"s_0 of shape {tuple(state.shape)} for ids of {tuple(ids.shape)}")
         else:  # one layout for every token (a prefill's last latent is a strided view)
             state = state.contiguous()
         positions, key_valid, keys = self.positions[start], self.cache.key_valid, self.keys[start]
+        out: tuple[torch.Tensor, ...] = ()
         for i, piece in enumerate(self.pieces):
             direct = self.direct.get(i)
             if direct is not None and state.dtype == self.dtype:
-                state, x = direct(x, positions, state, key_valid, keys)
-                continue
-            key = (*self.shape_key, key_valid is None, self.weights.matvec, *piece.key)
-            args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid, keys,
-                    piece.num_steps, piece.first, piece.last)  # fmt: skip
-            state, x = self._compiled_piece(i, key, args)
-        return state, x  # the last piece returns (logits, latents)
+                out = direct(x, positions, state, key_valid, keys)
+            else:
+                key = (*self.shape_key, key_valid is None, self.weights.matvec, *piece.key)
+                args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid, keys,
+                        piece.num_steps, piece.first, piece.last)  # fmt: skip
+                out = self._compiled_piece(i, key, args)
+            state, x = out[0], out[1]
+        return DecodedToken(*out)  # the last piece's (logits, latents, greedy tokens)
 
-    def _compiled_piece(self, i: int, key: tuple, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compiled_piece(self, i: int, key: tuple, args: tuple) -> tuple[torch.Tensor, ...]:
         """Piece ``i`` through its compiled graph for ``key``: called directly when one was found
         for the key before, else through torch.compile (compiling on the key's first call) and its
         direct caller looked up."""

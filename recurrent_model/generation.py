@@ -213,7 +213,12 @@ class _Run:
             (B, T + max_new_tokens), pad_token_id, dtype=torch.long, device=model.device
         )
         self.sequences[:, :T] = input_ids
-        self.steps = torch.zeros(B, max_new_tokens, dtype=torch.long, device=model.device)
+        # each token's depth: num_steps unless its row exits early or has stopped (emit writes those)
+        self.steps = torch.full((B, max_new_tokens), cfg.num_steps, dtype=torch.long,
+                                device=model.device)  # fmt: skip
+        # each new token's column of sequences and steps, as views made once (per token: one op)
+        self.new_tokens = self.sequences[:, T:].unbind(1)
+        self.new_steps = self.steps.unbind(1)
         self.finished = torch.zeros(B, dtype=torch.bool, device=model.device)
         self.stop_tokens = torch.tensor(cfg.stop_tokens, dtype=torch.long, device=model.device)
         self.pad = pad_token_id
@@ -258,46 +263,58 @@ class _Run:
         """Run ``ids`` (B, T) at positions start… through ``steps`` iterations: (logits, latents)."""
         compiled = self.compiled
         if compiled is not None and steps == compiled.num_steps and not all_logits:
-            if warm is None and self.cfg.init_scale > 0:  # else s_0 = 0, built by the graph
-                shape = (*ids.shape, self.model.config.n_embd)
-                like = torch.empty(shape, device=ids.device, dtype=self.model.dtype)
-                warm = self._initial(None)(like)
-            return compiled(ids, start, warm)
+            return compiled(ids, start, self._compiled_s0(ids, warm))
         return self.runner.run(ids, start, steps, self._initial(warm), last_only=not all_logits)
+
+    def _compiled_s0(self, ids: torch.Tensor, warm: torch.Tensor | None) -> torch.Tensor | None:
+        """s_0 for the compiled decode: ``warm``, a fresh draw, or None for s_0 = 0 (the graph's)."""
+        if warm is None and self.cfg.init_scale > 0:
+            shape = (*ids.shape, self.model.config.n_embd)
+            like = torch.empty(shape, device=ids.device, dtype=self.model.dtype)
+            return self._initial(None)(like)
+        return warm
 
     def token(
         self, ids: torch.Tensor, pos: int, warm: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
-        """One token per row at ``pos`` with adaptive exit: (logits (B, V), latents, steps)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int, torch.Tensor | None]:
+        """One token per row at ``pos`` with adaptive exit: (logits (B, 1, V), latents, steps, the
+        greedy tokens (B,) where the compiled decode took them in its graph, else None)."""
         crit = self.criterion
+        if crit is None and self.compiled is not None:  # fixed depth: the compiled decode's
+            out = self.compiled.token(ids, pos, self._compiled_s0(ids, warm))
+            return out.logits, out.latents, self.cfg.num_steps, out.greedy
         if crit is None:
             logits, latents = self.chunk(ids, pos, self.cfg.num_steps, warm)
-            return logits[:, -1], latents, self.cfg.num_steps
+            return logits[:, -1:], latents, self.cfg.num_steps, None
         exit_ = _AdaptiveExit(self.runner, crit, self.cfg, ids.shape[0], ids.device)
         out = self.runner.forward(ids, pos, self.cfg.max_steps, self._initial(warm),
                                   last=not crit.needs_logits, on_step=exit_.step)  # fmt: skip
         logits, latents = exit_.outputs if crit.needs_logits else (out.logits, out.latents)
         if int(exit_.steps.min()) < self.cache.max_steps:
             self.cache.freeze_exits(pos, exit_.steps)
-        return logits[:, -1], latents, exit_.steps
+        return logits[:, -1:], latents, exit_.steps, None
 
     # Output --------------------------------------------------------------------------------------
     def emit(self, tokens: torch.Tensor, steps: torch.Tensor | int, logits: torch.Tensor) -> bool:
-        """Append one token per row; True when generation is over (all stopped or length reached)."""
+        """Append one token per row (``logits`` (B, 1, V) of its position, kept for
+        ``output_scores``); True when generation is over (all stopped or length reached)."""
         stops = self.stop_tokens.numel() > 0  # without stop tokens no row ever finishes early
         if stops:
             tokens = torch.where(self.finished, self.pad, tokens)
             steps = torch.where(self.finished, 0, torch.as_tensor(steps, device=tokens.device))
         n = self.n
-        self.sequences[:, self.prompt_len + n] = tokens
-        self.steps[:, n] = steps
+        self.new_tokens[n].copy_(tokens)
+        if isinstance(steps, torch.Tensor):
+            self.new_steps[n].copy_(steps)
+        elif steps != self.cfg.num_steps:
+            self.new_steps[n].fill_(steps)
         if self.scores is not None:
-            self.scores.append(logits.float())
+            self.scores.append(logits[:, -1].float())
         self.n += 1
         if stops:
             self.finished |= torch.isin(tokens, self.stop_tokens)
         if self.streamer is not None:
-            self.streamer(tokens, self.steps[:, n])
+            self.streamer(tokens, self.new_steps[n])
         return self.n >= self.max_new or (stops and bool(self.finished.all()))
 
     def details(self) -> GenerationOutput:
@@ -328,12 +345,19 @@ class _Run:
         warm = self.prefill(ids)
         x, pos = ids[:, -1:], ids.shape[1] - 1
         while self.n < self.max_new:
-            logits, latents, steps = self.token(x, pos, warm)
-            tokens, _ = self.sampler.choose(logits)
+            logits, latents, steps, greedy = self.token(x, pos, warm)
+            tokens = self._choose(logits, greedy)
             if self.emit(tokens, steps, logits):
                 return
             x, pos = tokens[:, None], pos + 1
             warm = latents if self.cfg.continuous_compute else None
+
+    def _choose(self, logits: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        """The next token per row (B,): ``greedy`` where the graph took the argmax and the sampler
+        is greedy, else the sampler's choice from ``logits`` (B, 1, V)."""
+        if greedy is not None and not self.sampler.do_sample:
+            return greedy
+        return self.sampler.choose(logits[:, -1])[0]
 
     def speculative(self, ids: torch.Tensor) -> None:
         """Draft ``lookahead`` tokens at draft_steps, verify them in one pass at num_steps."""
@@ -344,8 +368,8 @@ class _Run:
         while self.n < self.max_new:
             k = min(cfg.lookahead, self.max_new - self.n - 1)
             if k == 0:
-                logits, _, _ = self.token(x, pos, None)
-                self.emit(sampler.choose(logits)[0], cfg.num_steps, logits)
+                logits, _, _, greedy = self.token(x, pos, None)
+                self.emit(self._choose(logits, greedy), cfg.num_steps, logits)
                 return
             drafts, draft_probs, cur = [], [], x
             for i in range(k):
@@ -361,9 +385,9 @@ class _Run:
             self.drafted += k * int((~self.finished).sum())
             self.accepted += m * int((~self.finished).sum())
             for i in range(m):
-                if self.emit(draft[:, i], cfg.num_steps, logits[:, i]):
+                if self.emit(draft[:, i], cfg.num_steps, logits[:, i : i + 1]):
                     return
-            if self.emit(last, cfg.num_steps, logits[:, m]):
+            if self.emit(last, cfg.num_steps, logits[:, m : m + 1]):
                 return
             x, pos = last[:, None], pos + m + 1
 

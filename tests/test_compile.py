@@ -254,9 +254,32 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
         again = dec.direct[0].boxed_inputs(token)
         assert any(a is t for a in again for t in sizes.values())
         outputs = [dec.direct[i].outputs for i in range(n_pieces)]
-        passes = {1: [(None, None)], 4: [(2, None), (None, 0), (None, 0), (None, None)]}
+        passes = {1: [(None,) * 3], 4: [(2, None), (None, 0), (None, 0), (None,) * 3]}
         assert outputs == passes[n_pieces]  # s_0 passed by the prelude piece, e by the chunks
         assert logits.shape == (1, 1, cfg.vocab_size)
+        with torch.inference_mode():  # the last piece's greedy tokens, fed back as the next ids
+            token = dec.token(ids[:, :1], 7, None)
+            assert torch.equal(token.greedy, token.logits[:, -1].argmax(-1))
+            after = dec.token(token.greedy[:, None], 8, None)
+            assert torch.equal(after.greedy, after.logits[:, -1].argmax(-1))
+
+
+@pytest.mark.slow
+def test_the_graphs_greedy_tokens_break_ties_as_torchs_argmax():
+    # With the head's weights zero every logit is 0: torch's argmax takes the first index, and so
+    # must the graph's, or a greedy decode would emit other tokens than the eager one.
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    ids = torch.randint(
+        1, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
+    )
+    kw = dict(num_steps=2, stop_tokens=(), init_scale=0.0, return_details=True, output_scores=True)
+    eager, compiled = model.generate(ids, 3, **kw), model.generate(ids, 3, compile=True, **kw)
+    assert compiled.compiled and bool((compiled.scores == 0).all())
+    assert torch.equal(compiled.sequences, eager.sequences)
+    assert bool((compiled.sequences[:, 1:] == 0).all())
 
 
 def test_a_captured_graph_that_does_not_reproduce_its_call_is_not_called_directly():
