@@ -877,13 +877,13 @@ class CompiledDecode:
     def token(self, ids: torch.Tensor, start: int, state: torch.Tensor | None) -> DecodedToken:
         """One decode token, ids (B, 1) at position ``start`` from s_0 = ``state`` (None: zeros):
         the graphs of ``pieces`` in turn, with as little host work as possible."""
-        self._begin(start, 1)
         if ids.shape != self.token_shape or ids.dtype != torch.long:
             raise ValueError(f"a decode token takes {self.token_shape} int64 ids, got "
                              f"{tuple(ids.shape)} {ids.dtype}")  # fmt: skip
         x = ids
         if not (self.reuse_ids and ids.stride() == (1, 1) and ids.is_inference()):
             x = ids.reshape(-1).clone().view(ids.shape)  # the same strides and mode for every token
+        self._begin(start, 1)
         if state is None:  # s_0 = 0: one zero tensor, made in the caller's mode, serves every token
             if self.zero_state is None:
                 self.zero_state = torch.zeros(*ids.shape, self.model.config.n_embd,

@@ -308,13 +308,13 @@ class _Run:
             self.new_steps[n].copy_(steps)
         elif steps != self.cfg.num_steps:
             self.new_steps[n].fill_(steps)
-        if self.scores is not None:
-            self.scores.append(logits[:, -1].float())
+        if self.scores is not None:  # a copy: a compiled token's outputs may be reused by the next
+            self.scores.append(logits[:, -1].to(torch.float32, copy=True))
         self.n += 1
         if stops:
             self.finished |= torch.isin(tokens, self.stop_tokens)
         if self.streamer is not None:
-            self.streamer(tokens, self.new_steps[n])
+            self.streamer(self.new_tokens[n], self.new_steps[n])
         return self.n >= self.max_new or (stops and bool(self.finished.all()))
 
     def details(self) -> GenerationOutput:

@@ -265,6 +265,25 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
 
 
 @pytest.mark.slow
+def test_compiled_sampling_draws_from_the_logits_not_the_graphs_greedy_tokens():
+    # One generator draws s_0 and the tokens in the same order on both paths, so the compiled
+    # decode samples the eager tokens; the greedy tokens the graph also returns are not used.
+    torch.manual_seed(0)
+    model = rm.RecurrentLM(rm.preset("tiny")).eval()
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
+    )
+    kw = dict(num_steps=2, stop_tokens=(), temperature=2.0, return_details=True)
+
+    def run(**options):
+        return model.generate(ids, 5, generator=torch.Generator().manual_seed(3), **kw, **options)
+
+    eager, compiled = run(do_sample=True), run(do_sample=True, compile=True)
+    assert compiled.compiled and torch.equal(compiled.sequences, eager.sequences)
+    assert not torch.equal(compiled.sequences, run(compile=True).sequences)
+
+
+@pytest.mark.slow
 def test_the_graphs_greedy_tokens_break_ties_as_torchs_argmax():
     # With the head's weights zero every logit is 0: torch's argmax takes the first index, and so
     # must the graph's, or a greedy decode would emit other tokens than the eager one.
