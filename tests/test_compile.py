@@ -9,6 +9,14 @@ import recurrent_model as rm
 from recurrent_model import hook_names
 
 
+def tiny_ids(
+    model: rm.RecurrentLM, shape: tuple[int, int], seed: int, low: int = 0
+) -> torch.Tensor:
+    """Token ids of ``shape`` from ``model``'s vocabulary, drawn from their own seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, model.config.vocab_size, shape, generator=g)
+
+
 def test_importing_recurrent_model_loads_no_compiler():
     import subprocess
     import sys
@@ -51,9 +59,7 @@ def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget, monkeypatc
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():
         model.transformer.core_block[0].attn.qk_bias.normal_(0, 0.3)
-    ids = torch.randint(
-        0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(1)
-    )
+    ids = tiny_ids(model, (batch, 1), seed=1)
     kw = dict(
         num_steps=steps,
         stop_tokens=(),
@@ -183,9 +189,7 @@ def test_a_depth_sweep_compiles_past_dynamo_recompile_limit():
     # (config.patch, not monkeypatch: pytest would delete the config attribute on undo.)
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
-    ids = torch.randint(
-        0, model.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(3)
-    )
+    ids = tiny_ids(model, (1, 1), seed=3)
     before = torch._dynamo.config.recompile_limit
     with torch._dynamo.config.patch(recompile_limit=1):
         for steps in (2, 3):  # depths other tests compile too: inductor's cache serves them
@@ -270,9 +274,7 @@ def test_compiled_sampling_draws_from_the_logits_not_the_graphs_greedy_tokens():
     # decode samples the eager tokens; the greedy tokens the graph also returns are not used.
     torch.manual_seed(0)
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
-    ids = torch.randint(
-        0, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
-    )
+    ids = tiny_ids(model, (2, 1), seed=1)
     kw = dict(num_steps=2, stop_tokens=(), temperature=2.0, return_details=True)
 
     def run(**options):
@@ -291,9 +293,7 @@ def test_the_graphs_greedy_tokens_break_ties_as_torchs_argmax():
     model = rm.RecurrentLM(rm.preset("tiny")).eval()
     with torch.no_grad():
         model.lm_head.weight.zero_()
-    ids = torch.randint(
-        1, model.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(1)
-    )
+    ids = tiny_ids(model, (2, 1), seed=1, low=1)
     kw = dict(num_steps=2, stop_tokens=(), init_scale=0.0, return_details=True, output_scores=True)
     eager, compiled = model.generate(ids, 3, **kw), model.generate(ids, 3, compile=True, **kw)
     assert compiled.compiled and bool((compiled.scores == 0).all())
@@ -543,9 +543,7 @@ def test_the_token_check_runs_both_tokens_and_leaves_the_cache_as_it_was(monkeyp
     assert set(check.timing.rounds[0]) == {"sum", "matvec"}
     assert check.choice == C.choose_product(check.timing)
     assert decode.compile_seconds > 0  # both tokens compiled in the check
-    ids = torch.randint(
-        0, model.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(1)
-    )
+    ids = tiny_ids(model, (1, 4), seed=1)
     kw = dict(num_steps=2, stop_tokens=(), init_scale=0.0)
     eager = model.generate(ids, 4, **kw)
     assert torch.equal(model.generate(ids, 4, compile=True, **kw), eager)
