@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 from unittest import mock
 
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
@@ -55,7 +56,7 @@ from recurrent_model.sampling import Sampler  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import NEW, PROMPT, STEPS, compiled_generate, floor_calls, mean_time  # noqa: E402
-from token_intervals import KINDS, BarrierClock, split, timed_compile  # noqa: E402
+from token_intervals import KINDS, BarrierClock, region_edges, split, timed_compile  # noqa: E402
 from torch._inductor.utils import run_and_get_code  # noqa: E402
 
 
@@ -114,6 +115,42 @@ def print_intervals(source: str, clock: BarrierClock, calls: int, token: float) 
     kernel = sum(parts.work[k][0] + parts.wait[k][0] for k in KINDS)
     print(f"  thread 0 in the kernel's region: {1e6 * kernel:.1f} us of the timed token's "
           f"{1e6 * token:.1f} us (the rest: host work, the region's start and end)")  # fmt: skip
+
+
+def print_region_edges(decode: CompiledDecode, ids: torch.Tensor, clock: BarrierClock,
+                       rounds: int) -> None:  # fmt: skip
+    """Per call of the timed token, through ``CompiledDecode.token`` (its greedy tokens fed back)
+    and through its boxed graph alone (inductor's launcher and nothing of ours): the time before the
+    kernel's region starts and after its last barrier (:func:`token_intervals.region_edges`),
+    medians over ``rounds`` rounds of NEW - 1 calls each."""
+    direct = decode.direct.get(0)
+    if len(decode.pieces) != 1 or direct is None or direct.boxed is None:
+        print("region edges: the token is not one boxed graph here; not timed")
+        return
+    edges: dict[str, list[tuple[float, float]]] = {"CompiledDecode.token": [], "boxed graph": []}
+
+    def timed(name: str, call: Callable[..., Any], *args: Any) -> Any:
+        clock.reset()
+        called = time.monotonic_ns()
+        out = call(*args)
+        edges[name].append(region_edges(clock, called, time.monotonic_ns()))
+        return out
+
+    positions = range(PROMPT - 1, PROMPT + NEW - 2)
+    with torch.inference_mode():
+        for _ in range(rounds):
+            x = ids[:, -1:]
+            for p in positions:
+                x = timed("CompiledDecode.token", decode.token, x, p, None).greedy[:, None]
+            for p in positions:
+                inputs = direct.boxed_inputs((x, decode.positions[p], decode.zero_state,
+                                              decode.cache.key_valid, decode.keys[p]))  # fmt: skip
+                timed("boxed graph", direct.boxed, inputs)
+    print("outside the timed token kernel's region, per call (medians):")
+    for name, pairs in edges.items():
+        before, after = (1e6 * statistics.median(side) for side in zip(*pairs, strict=True))
+        print(f"  {name:21} {before:6.1f} us before the region starts, {after:6.1f} us after "
+              f"its last barrier ({len(pairs)} calls)")  # fmt: skip
 
 
 def token_loop(
@@ -208,6 +245,7 @@ def main() -> None:
         timed_times = times["graph, timed barriers"]
         print(f"  clock reads at the barriers   {1e6 * paired('graph, timed barriers', 'graph only'):6.1f} us")  # fmt: skip
         print_intervals(timed[1], clock, args.rounds * (NEW - 1), statistics.mean(timed_times))
+        print_region_edges(timed[0], ids, clock, min(args.rounds, 10))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,17 @@ def timed_compile(clock: BarrierClock) -> Iterator[None]:
         yield
 
 
+def region_edges(clock: BarrierClock, called: int, returned: int) -> tuple[float, float]:
+    """Seconds of one kernel call outside its parallel region: before the region started and after
+    thread 0's last barrier, from the steady-clock times (``time.monotonic_ns``) at which the call
+    was made and returned and the clock's table of that call alone (reset before it). Thread 0's
+    intervals run back to back from the region's start to its last release, so the region started
+    at that release less their sum."""
+    last_release = int(clock.state[0, 1])
+    started = last_release - int(clock.table[0].sum())
+    return (started - called) / 1e9, (returned - last_release) / 1e9
+
+
 #: what a kernel ran between two barriers, by its source
 KINDS = ("product", "attention", "chain")
 

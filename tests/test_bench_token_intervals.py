@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,14 @@ def test_timed_kernel_splits_by_what_ran_and_leaves_no_trace(intervals):
     assert parts.work["product"][0] > 0 and parts.work["chain"][0] > 0
     if threads > 1:
         assert parts.work["product"][1] > 0  # the other threads share the products
+    clock.reset()  # one call: its region lies within the call, whatever the edges take
+    called = time.monotonic_ns()
+    timed(*args)
+    returned = time.monotonic_ns()
+    before, after = intervals.region_edges(clock, called, returned)
+    in_region = int(clock.table[0].sum()) / 1e9
+    assert before > 0 and after > 0 and in_region > 0
+    assert before + in_region + after == pytest.approx((returned - called) / 1e9, abs=1e-9)
 
     plain = torch.compile(plain_fn, options=compiled.cpu_options())
     reference, (plain_source,) = run_and_get_code(plain, *args)
@@ -90,6 +99,15 @@ def test_timed_kernel_splits_by_what_ran_and_leaves_no_trace(intervals):
     assert intervals.barrier_kinds(plain_source) == kinds[:4]
     for a, b in zip(out, reference, strict=True):
         assert torch.equal(a, b)  # the clock reads change no bits
+
+
+def test_region_edges_are_the_call_less_thread_0s_back_to_back_intervals(intervals):
+    clock = intervals.BarrierClock(2, barriers=4)
+    clock.table[0, :2] = torch.tensor([[100, 20], [50, 30]])  # ns of work and wait per barrier
+    clock.table[1, :2] = 7  # the other thread's intervals do not count
+    clock.state[0, 1] = 10_000  # thread 0's last release
+    before, after = intervals.region_edges(clock, called=9_000, returned=10_500)
+    assert (before, after) == pytest.approx((800e-9, 500e-9))  # started at 10_000 - 200
 
 
 def test_a_source_of_another_kernel_is_refused(intervals):
