@@ -9,7 +9,9 @@ new tokens). Each round times, side by side:
   spinning barriers), and of one whose
   launcher makes a tensor of each pooled intermediate ("graph, pooled tensors": without
   ``inductor_pool_pointers``), and of one whose launcher checks every input's sizes and strides on
-  each call ("graph, size asserts": inductor's default, where the direct callers check instead);
+  each call ("graph, size asserts": inductor's default, where the direct callers check instead),
+  and of one whose launcher has no raw entry ("graph, inductor's entry": called through inductor's
+  Python wrapper, a handle per input, without ``inductor_raw_entry``);
 - that loop with the graph's greedy tokens fed back as the next ids ("graph, greedy fed back"):
   the compiled decode takes the argmax in the graph;
 - that loop with an eager argmax of the logits fed back instead ("graph + argmax"): what the first
@@ -17,7 +19,8 @@ new tokens). Each round times, side by side:
   warm;
 - with ``--intervals``, the graphs of a copy compiled with timed barriers (``token_intervals``),
   whose clock splits the kernel's time by what ran between its barriers: products, attention,
-  serial chains (thread 0 alone) and the waits at the barriers after each;
+  serial chains (thread 0 alone) and the waits at the barriers after each, and times each call's
+  host work before and after the kernel's parallel region;
 - the token's projections alone, written as the compiled decode writes them, in one compiled graph,
   the read floor of the token's weights (each read once in one compiled kernel) and the same reads
   as one torch.sum per weight (all three ``bench_decode.floor_calls``).
@@ -49,7 +52,12 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 import torch  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
-from recurrent_model import compiled, inductor_pool_pointers, inductor_serial_chains  # noqa: E402
+from recurrent_model import (  # noqa: E402
+    compiled,
+    inductor_pool_pointers,
+    inductor_raw_entry,
+    inductor_serial_chains,
+)
 from recurrent_model.compiled import CompiledDecode  # noqa: E402
 from recurrent_model.generation import GenerationConfig, _Run  # noqa: E402
 from recurrent_model.sampling import Sampler  # noqa: E402
@@ -119,15 +127,17 @@ def print_intervals(source: str, clock: BarrierClock, calls: int, token: float) 
 
 def print_region_edges(decode: CompiledDecode, ids: torch.Tensor, clock: BarrierClock,
                        rounds: int) -> None:  # fmt: skip
-    """Per call of the timed token, through ``CompiledDecode.token`` (its greedy tokens fed back)
-    and through its boxed graph alone (inductor's launcher and nothing of ours): the time before the
+    """Per call of the timed token, through ``CompiledDecode.token`` (its greedy tokens fed back),
+    through its launcher's raw entry alone and through its boxed graph alone (inductor's Python
+    wrapper and launcher, nothing of ours): the time before the
     kernel's region starts and after its last barrier (:func:`token_intervals.region_edges`),
     medians over ``rounds`` rounds of NEW - 1 calls each."""
     direct = decode.direct.get(0)
     if len(decode.pieces) != 1 or direct is None or direct.boxed is None:
         print("region edges: the token is not one boxed graph here; not timed")
         return
-    edges: dict[str, list[tuple[float, float]]] = {"CompiledDecode.token": [], "boxed graph": []}
+    names = ("CompiledDecode.token", "raw entry", "boxed graph")
+    edges: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
 
     def timed(name: str, call: Callable[..., Any], *args: Any) -> Any:
         clock.reset()
@@ -142,12 +152,18 @@ def print_region_edges(decode: CompiledDecode, ids: torch.Tensor, clock: Barrier
             x = ids[:, -1:]
             for p in positions:
                 x = timed("CompiledDecode.token", decode.token, x, p, None).greedy[:, None]
-            for p in positions:
-                inputs = direct.boxed_inputs((x, decode.positions[p], decode.zero_state,
-                                              decode.cache.key_valid, decode.keys[p]))  # fmt: skip
-                timed("boxed graph", direct.boxed, inputs)
+            token = [(x, decode.positions[p], decode.zero_state, decode.cache.key_valid,
+                      decode.keys[p]) for p in positions]  # fmt: skip
+            if direct.raw is not None:
+                for per_token in token:
+                    timed("raw entry", direct.raw, direct.token_inputs(per_token))
+            for per_token in token:
+                timed("boxed graph", direct.boxed, direct.boxed_inputs(per_token))
     print("outside the timed token kernel's region, per call (medians):")
     for name, pairs in edges.items():
+        if not pairs:
+            print(f"  {name:21} not timed (the token has none)")
+            continue
         before, after = (1e6 * statistics.median(side) for side in zip(*pairs, strict=True))
         print(f"  {name:21} {before:6.1f} us before the region starts, {after:6.1f} us after "
               f"its last barrier ({len(pairs)} calls)")  # fmt: skip
@@ -194,6 +210,7 @@ def main() -> None:
     unchained = twin_token(model, ids, inductor_serial_chains.compile_options())
     pooled_tensors = twin_token(model, ids, inductor_pool_pointers.compile_options())
     asserted = twin_token(model, ids, {"size_asserts": False})
+    wrapped = twin_token(model, ids, inductor_raw_entry.compile_options())
     floors, nbytes = floor_calls(model, STEPS)
     clock = BarrierClock(args.threads) if args.intervals else None
     timed = timed_token(model, ids, clock) if clock else None
@@ -203,6 +220,7 @@ def main() -> None:
         "graph, unchained": token_loop(unchained, ids, 0),
         "graph, pooled tensors": token_loop(pooled_tensors, ids, 0),
         "graph, size asserts": token_loop(asserted, ids, 0),
+        "graph, inductor's entry": token_loop(wrapped, ids, 0),
         **({"graph, timed barriers": token_loop(timed[0], ids, 0)} if timed else {}),
         "graph, greedy fed back": token_loop(decode, ids, 0, greedy=True),
         "graph + argmax": token_loop(decode, ids, 1),
@@ -237,6 +255,7 @@ def main() -> None:
     print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one OpenMP barrier per loop)")  # fmt: skip
     print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate)")  # fmt: skip
     print(f"  no launcher size asserts      {1e6 * paired('graph only', 'graph, size asserts'):6.1f} us (against checking every input on each call)")  # fmt: skip
+    print(f"  launcher's raw entry          {1e6 * paired('graph only', 'graph, inductor' + chr(39) + 's entry'):6.1f} us (against inductor's entry through its Python wrapper)")  # fmt: skip
     print(f"  greedy tokens fed back        {1e6 * paired('graph, greedy fed back', 'graph only'):6.1f} us (the argmax in the graph)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph, greedy fed back'):6.1f} us (an eager argmax instead)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip

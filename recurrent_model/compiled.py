@@ -43,9 +43,10 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as fn
-from . import inductor_pool_pointers, inductor_serial_chains, stack
+from . import inductor_pool_pointers, inductor_raw_entry, inductor_serial_chains, stack
 from .inductor_boxed import boxed_graph
 from .inductor_isa import isa_options
+from .inductor_raw_entry import RawCall, RawEntry
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
 from .torch_release import torch_release
@@ -254,13 +255,15 @@ CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "size_asserts": Fal
 def cpu_options() -> dict[str, Any]:
     """``CPU_OPTIONS``, the vector ISA picked here (:mod:`.inductor_isa`) and, on the torch
     releases they were checked on, one barrier per run of a kernel's serial loops instead of one per
-    loop (:mod:`.inductor_serial_chains`) and pooled intermediates as raw pointers in the C++
-    launcher (:mod:`.inductor_pool_pointers`)."""
+    loop (:mod:`.inductor_serial_chains`), pooled intermediates as raw pointers in the C++
+    launcher (:mod:`.inductor_pool_pointers`) and a launcher entry that takes raw pointers
+    (:mod:`.inductor_raw_entry`)."""
     return {
         **CPU_OPTIONS,
         **isa_options(),
         **inductor_serial_chains.compile_options(),
         **inductor_pool_pointers.compile_options(),
+        **inductor_raw_entry.compile_options(),
     }
 
 
@@ -312,7 +315,9 @@ class _DirectGraph:
     ~60 inputs and its Python wrappers decide nothing after the first call. In inference mode the
     call skips AOT autograd's wrappers too where they were found and checked (``boxed``,
     :mod:`.inductor_boxed`), and passes the key count as a tensor made once per count, which the
-    graph's C++ launcher would make on every call. The launcher does not check the inputs' sizes
+    graph's C++ launcher would make on every call; where its launcher has a raw entry
+    (:mod:`.inductor_raw_entry`, checked like ``boxed``) the call goes through that, with the fixed
+    inputs' addresses written once. The launcher does not check the inputs' sizes
     and strides (``size_asserts`` off): the fixed inputs are checked once per caller
     (:meth:`_DirectEntry.caller`), the per-token ones by :meth:`CompiledDecode.token`.
     A piece that passes an input through (the prelude piece's s_0, a middle chunk's e) returns that
@@ -326,6 +331,7 @@ class _DirectGraph:
         outputs: Outputs,
         args: tuple,
         boxed: Callable[[list], Any] | None = None,
+        raw: RawEntry | None = None,
     ) -> None:
         named = dict(zip(_PIECE_ARGS, args, strict=False))
         self.run, self.outputs, self.boxed = run, outputs, boxed
@@ -337,6 +343,7 @@ class _DirectGraph:
             self.inputs.append(None if at is not None else resolve_source(src, named))
             if at is not None:
                 self.per_token.append((i, *at))
+        self.raw = None if raw is None else RawCall(raw, self.inputs)
 
     def graph_inputs(self, per_token: tuple[torch.Tensor | None, ...]) -> list[Any]:
         """The compiled graph's inputs for this token's per-token arguments."""
@@ -346,20 +353,34 @@ class _DirectGraph:
             inputs[i] = value if dim is None else value.shape[dim]  # type: ignore[union-attr]
         return inputs
 
-    def boxed_inputs(self, per_token: tuple[torch.Tensor | None, ...]) -> list[Any]:
-        """:meth:`graph_inputs` with each size a 0-dim int64 tensor, made once per value: what the
-        boxed graph's C++ launcher makes of an integer input (``torch.tensor``) on every call."""
-        inputs = self.graph_inputs(per_token)
-        for i, _, dim in self.per_token:
+    def token_inputs(
+        self, per_token: tuple[torch.Tensor | None, ...]
+    ) -> list[tuple[int, torch.Tensor]]:
+        """(graph input, tensor) for each input that changes per token, each size a 0-dim int64
+        tensor made once per value: what the boxed graph's C++ launcher makes of an integer input
+        (``torch.tensor``) on every call."""
+        inputs = []
+        for i, which, dim in self.per_token:
+            value = per_token[which]
             if dim is not None:
-                size = self.size_tensors.get(inputs[i])
-                if size is None:
-                    size = self.size_tensors[inputs[i]] = torch.tensor(inputs[i], device="cpu")
-                inputs[i] = size
+                size = value.shape[dim]  # type: ignore[union-attr]
+                value = self.size_tensors.get(size)
+                if value is None:
+                    value = self.size_tensors[size] = torch.tensor(size, device="cpu")
+            inputs.append((i, value))
+        return inputs
+
+    def boxed_inputs(self, per_token: tuple[torch.Tensor | None, ...]) -> list[Any]:
+        """The boxed graph's inputs for this token's per-token arguments (:meth:`token_inputs`)."""
+        inputs = list(self.inputs)
+        for i, value in self.token_inputs(per_token):
+            inputs[i] = value
         return inputs
 
     def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        if self.boxed is not None and torch.is_inference_mode_enabled():
+        if self.raw is not None and torch.is_inference_mode_enabled():
+            computed = iter(self.raw(self.token_inputs(per_token)))
+        elif self.boxed is not None and torch.is_inference_mode_enabled():
             computed = iter(self.boxed(self.boxed_inputs(per_token)))
         else:
             computed = iter(self.run(*self.graph_inputs(per_token)))
@@ -384,12 +405,13 @@ class _DirectEntry(NamedTuple):
     outputs: Outputs
     boxed: Callable[[list], Any] | None
     layouts: tuple[Layout, ...]  # the fixed inputs' layouts at the graph's first call
+    raw: RawEntry | None
 
     def caller(self, args: tuple) -> _DirectGraph | None:
         """The graph's direct caller for a piece's arguments ``args``; None where a fixed input
         (a weight, a cache slot) is not laid out as when the graph was built, which only dynamo's
         guards may then decide."""
-        direct = _DirectGraph(self.run, self.sources, self.outputs, args, self.boxed)
+        direct = _DirectGraph(self.run, self.sources, self.outputs, args, self.boxed, self.raw)
         return direct if _layouts(direct.inputs) == self.layouts else None
 
 
@@ -703,8 +725,10 @@ class CompileState:
             return None
         computed = [o for o, i in zip(out, outputs, strict=True) if i is None]
         direct.boxed = _checked_boxed(direct, per_token, computed)
+        raw = _checked_raw(direct, per_token, computed)
+        direct.raw = None if raw is None else RawCall(raw, direct.inputs)
         layouts = _layouts(direct.inputs)
-        self.direct[key] = _DirectEntry(captured.run, sources, outputs, direct.boxed, layouts)
+        self.direct[key] = _DirectEntry(captured.run, sources, outputs, direct.boxed, layouts, raw)
         return direct
 
 
@@ -721,6 +745,22 @@ def _checked_boxed(
         return None
     again = boxed(direct.boxed_inputs(tuple(per_token)))
     return boxed if _same_tensors(again, computed) else None
+
+
+def _checked_raw(
+    direct: _DirectGraph, per_token: list[torch.Tensor | None], computed: list[torch.Tensor]
+) -> RawEntry | None:
+    """The raw entry of ``direct``'s checked boxed graph (:mod:`.inductor_raw_entry`) if, called on
+    this token's inputs, it returns exactly the graph's ``computed`` outputs (the same layouts, the
+    same values); else None."""
+    if direct.boxed is None:
+        return None
+    entry = RawEntry.load(direct.boxed, computed)
+    if entry is None:
+        return None
+    again = RawCall(entry, direct.inputs)(direct.token_inputs(tuple(per_token)))
+    same_layouts = all(a.stride() == b.stride() for a, b in zip(again, computed, strict=True))
+    return entry if same_layouts and _same_tensors(again, computed) else None
 
 
 def _same_tensors(a: Any, b: Any) -> bool:

@@ -10,6 +10,7 @@ import torch
 from helpers import compiled_with_code
 
 from recurrent_model import inductor_pool_pointers as pool_pointers
+from recurrent_model import inductor_raw_entry as raw_entry
 from recurrent_model import inductor_serial_chains as chains
 from recurrent_model.compiled import CPU_OPTIONS, cpu_options
 from recurrent_model.inductor_isa import isa_options
@@ -132,6 +133,7 @@ def test_with_the_cpp_launcher_a_chaining_compile_never_splits_a_kernel_by_its_a
 def test_an_unchecked_torch_gets_no_option_and_no_code_generator(monkeypatch):
     monkeypatch.setattr(chains, "torch_release", lambda: (9, 9))
     monkeypatch.setattr(pool_pointers, "torch_release", lambda: (9, 9))
+    monkeypatch.setattr(raw_entry, "torch_release", lambda: (9, 9))
     assert not chains.install()
     assert cpu_options() == {**CPU_OPTIONS, **isa_options()}
 

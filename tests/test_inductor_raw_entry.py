@@ -1,0 +1,215 @@
+"""A C++ launcher's raw-pointer entry: the lines it is made of, the launchers that get none, and a
+compiled decode token through it: the same bits as inductor's entry, its scratch and output checks."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+import recurrent_model as rm
+from recurrent_model import compiled as C
+from recurrent_model import inductor_raw_entry as raw_entry
+from recurrent_model.inductor_raw_entry import FAILED, TOO_SMALL, RawEntry
+
+_HEAD = [
+    "py::gil_scoped_release_simple release;",
+    "auto inputs = steal_from_raw_handles_to_raii_handles(input_handles, 3);",
+    "int64_t arg0_1;",
+    "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_item_int64(inputs[0], &arg0_1));",
+    "auto arg1_1 = std::move(inputs[1]);",
+    "auto arg2_1 = std::move(inputs[2]);",
+    "int64_t s0 = arg0_1;",
+]
+
+
+def _pool(pool: int, sizes: str, strides: str, dtype: str) -> list[str]:
+    return [
+        f"static constexpr int64_t {sizes}[] = {{4L, }};",
+        f"AtenTensorHandle pool{pool}_handle;",
+        f"AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(1, {sizes}, {strides}, "
+        f"cached_torch_dtype_{dtype}, cached_torch_device_type_cpu, 0, &pool{pool}_handle));",
+        f"RAIIAtenTensorHandle pool{pool}(pool{pool}_handle);",
+    ]
+
+
+def _alloc(pool: int, h: int, offset: str, dtype: str, buf: int) -> list[str]:
+    return [
+        f"AtenTensorHandle tmp_tensor_handle_{h};",
+        f"AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch__alloc_from_pool(pool{pool}, {offset}, "
+        f"cached_torch_dtype_{dtype}, 1, int_array_1, int_array_1, &tmp_tensor_handle_{h}));",
+        f"auto buf{buf} = RAIIAtenTensorHandle(tmp_tensor_handle_{h});",
+    ]
+
+
+def _launcher(*, kernel_args: str = "(float*)(buf3.data_ptr())", tail: tuple = ()) -> list[str]:
+    """A launcher body: a scratch pool (pool0) with pointer buffers, an output pool (pool1) whose
+    buffer is handed on for reuse and viewed before it is an output, another output (pool2)."""
+    return [
+        *_HEAD,
+        "const int64_t int_array_0[] = {4L + align(16L*s0), };",
+        "static constexpr int64_t int_array_1[] = {1L, };",
+        "AtenTensorHandle pool0_handle;",
+        "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(1, int_array_0, int_array_1, "
+        "cached_torch_dtype_uint8, cached_torch_device_type_cpu, 0, &pool0_handle));",
+        "RAIIAtenTensorHandle pool0(pool0_handle);",
+        "char* buf1_ptr = static_cast<char*>(pool0.data_ptr()) + (align(4L*s0));",
+        *_pool(1, "int_array_2", "int_array_1", "float32"),
+        *_alloc(1, 0, "0", "float32", 3),
+        "auto buf4 = wrap_with_raii_handle_if_needed(reinterpret_tensor_wrapper(buf3, 1, "
+        "int_array_1, int_array_1, 2L));  // alias",
+        "auto buf5 = std::move(buf3);  // reuse",
+        *_pool(2, "int_array_3", "int_array_1", "int64"),
+        *_alloc(2, 1, "0", "int64", 6),
+        f"cpp_fused_0((const float*)(arg1_1.data_ptr()), (float*)(static_cast<void*>(buf1_ptr)), "
+        f"{kernel_args}, (float*)(buf4.data_ptr()), (int64_t*)(buf6.data_ptr()), s0);",
+        "cpp_fused_1((const float*)(arg2_1.data_ptr()), (float*)(buf5.data_ptr()));",
+        *tail,
+        "arg1_1.reset();",
+        "pool0.reset();",
+        "output_handles[0] = buf6.release();",
+        "output_handles[1] = buf5.release();",
+    ]
+
+
+def test_the_raw_entry_takes_addresses_carves_scratch_and_checks_outputs_before_any_kernel():
+    source = raw_entry.raw_source(_launcher())
+    assert source is not None
+    lines = [line.strip() for line in source.split("\n")]
+    body = lines[lines.index("int64_t scratch_used = 0;") :]
+    assert body[1:4] == [
+        "int64_t arg0_1;",
+        "arg0_1 = *static_cast<const int64_t*>(inputs[0]);",  # an integer input: its int64
+        "char* arg1_1_ptr = static_cast<char*>(inputs[1]);",
+    ]
+    scratch = body.index("char* pool0_ptr = scratch + scratch_used;")
+    assert body[scratch + 1] == (
+        "scratch_used += (recurrent_raw_extent(1, int_array_0, int_array_1) * 1 + 63) / 64 * 64;"
+    )
+    assert (
+        "char* buf1_ptr = static_cast<char*>(static_cast<void*>(pool0_ptr)) + (align(4L*s0));"
+        in body
+    )
+    # outputs' pools at the caller's addresses (output 1 is pool1's buffer, handed on), sizes checked
+    assert "char* pool1_ptr = static_cast<char*>(outputs[1]);" in body
+    assert (
+        f"if (recurrent_raw_extent(1, int_array_2, int_array_1) * 4 > output_bytes[1]) return {TOO_SMALL};"
+        in body
+    )
+    assert "char* pool2_ptr = static_cast<char*>(outputs[0]);" in body
+    assert "char* buf4_ptr = buf3_ptr + (2L) * 4;" in body  # a view: item size of its base
+    assert "char* buf5_ptr = buf3_ptr;" in body
+    first_kernel = next(i for i, line in enumerate(body) if line.startswith("cpp_fused_0("))
+    assert body[first_kernel - 1] == "if (scratch_used > scratch_bytes) return scratch_used;"
+    assert body[first_kernel] == (
+        "cpp_fused_0((const float*)(static_cast<void*>(arg1_1_ptr)), (float*)(static_cast<void*>(buf1_ptr)), "
+        "(float*)(static_cast<void*>(buf3_ptr)), (float*)(static_cast<void*>(buf4_ptr)), "
+        "(int64_t*)(static_cast<void*>(buf6_ptr)), s0);"
+    )  # fmt: skip
+    assert f"return {FAILED};" in body  # a kernel that throws does not unwind into the caller
+    text = "\n".join(body)
+    for handle_work in ("aoti_torch", "RAII", "reset()", "release()", "std::move", "data_ptr()"):
+        assert handle_work not in text, handle_work
+
+
+@pytest.mark.parametrize("change", [
+    {"tail": ("AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_foo(buf5));",)},  # an ATen call
+    {"kernel_args": "(float*)(buf3)"},  # a handle used other than by its address
+    {"tail": (*_pool(7, "int_array_7", "int_array_1", "float32"),)},  # a pool after a kernel
+    {"tail": ("foo(arg1_1.data_ptr(), other.data_ptr());",)},  # a line of no known shape
+])  # fmt: skip
+def test_a_launcher_with_any_unknown_line_gets_no_raw_entry(change):
+    assert raw_entry.raw_source(_launcher(**change)) is None
+
+
+def test_outputs_must_each_be_a_whole_pool_at_offset_zero():
+    shared = [line.replace(", 0, cached_torch_dtype_int64", ", 64L, cached_torch_dtype_int64")
+              for line in _launcher()]  # fmt: skip
+    assert raw_entry.raw_source(shared) is None  # at an offset
+    second = _launcher()
+    at = second.index("auto buf6 = RAIIAtenTensorHandle(tmp_tensor_handle_1);") + 1
+    second[at:at] = _alloc(2, 9, "8L", "int64", 9)  # another buffer in an output's pool
+    assert raw_entry.raw_source(second) is None
+    as_input = _launcher() + ["output_handles[2] = arg2_1.release();"]  # an input passed out
+    assert raw_entry.raw_source(as_input) is None
+
+
+def test_the_entry_goes_after_inductors_and_a_launcher_without_one_is_unchanged():
+    body = "\n".join("    " + line for line in _launcher())
+    source = f"void inductor_entry_impl(\n    AtenTensorHandle* a\n) {{\n{body}\n}} // inductor_entry_impl\nint tail;"
+    out = raw_entry.rewrite(source)
+    assert out.startswith(source[: source.index("int tail;")])  # inductor's lines unchanged
+    assert f'extern "C" int64_t {raw_entry.SYMBOL}(' in out and out.endswith("\nint tail;")
+    odd = source.replace("cpp_fused_1(", "at::foo(")
+    assert raw_entry.rewrite(odd) == odd
+
+
+def test_an_unchecked_torch_gets_no_option(monkeypatch):
+    monkeypatch.setattr(raw_entry, "torch_release", lambda: (9, 9))
+    assert not raw_entry.install()
+    assert raw_entry.compile_options() == {}
+    assert RawEntry.load(lambda inputs: inputs, []) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (raw_entry.supported() and C.direct_calls_supported()),
+                    reason="checked torch releases only")  # fmt: skip
+def test_a_decode_token_through_the_raw_entry_gives_inductors_bits():
+    from recurrent_model.compiled import CompiledDecode
+    from recurrent_model.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    cfg = rm.preset("tiny")
+    model = rm.RecurrentLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    kw = dict(num_steps=3, stop_tokens=(), init_scale=0.0)
+    assert torch.equal(model.generate(ids, 4, compile=True, **kw), model.generate(ids, 4, **kw))
+    dec = CompiledDecode(model, KVCache(cfg, 1, 64, 3, None), 3)
+    with torch.inference_mode():
+        dec(ids, 0, None)
+        dec(ids[:, :1], 5, None)
+        direct = dec.direct[0]
+        assert direct.raw is not None and direct.boxed is not None
+        assert direct.raw.scratch.numel() > 0  # grown on its first call, then kept
+        for position in (6, 17, 40):  # key counts of one, two and three blocks
+            token = (ids[:, :1], dec.positions[position], dec.zero_state, dec.cache.key_valid,
+                     dec.keys[position])  # fmt: skip
+            through_raw = direct.raw(direct.token_inputs(token))
+            through_inductor = direct.boxed(direct.boxed_inputs(token))
+            assert len(through_raw) == len(through_inductor) == 3
+            for a, b in zip(through_raw, through_inductor, strict=True):
+                assert a.stride() == b.stride() and torch.equal(a, b)
+        direct.raw.output_bytes[0] -= 1  # an output smaller than its pool: refused, nothing run
+        with pytest.raises(RuntimeError, match="an output is smaller than its pool"):
+            direct.raw(direct.token_inputs(token))
+
+
+def test_a_raw_entry_is_kept_only_where_it_returns_the_graphs_outputs(monkeypatch):
+    x, s0 = torch.ones(1, 1), torch.zeros(1, 1, 4)
+    args = (None, x, None, None, s0, None, None, None, 1, True, True)
+    captured = C._Captured(lambda s, x: (x + 1,), ("L['state']", "L['x']"), 1)
+    monkeypatch.setattr(C, "boxed_graph", lambda run: lambda inputs: [inputs[1] + 1])
+
+    def fill(value: float):
+        def function(inputs, outputs, output_bytes, scratch, scratch_bytes):
+            ctypes.memmove(outputs[0], ctypes.addressof(ctypes.c_float(value)), 4)
+            return 0
+
+        return function
+
+    def loading(value: float):
+        def load(cls, boxed, outputs):
+            return cls(fill(value), tuple((o.shape, o.stride(), o.dtype) for o in outputs))
+
+        return classmethod(load)
+
+    for value in (2.0, 3.0):
+        monkeypatch.setattr(RawEntry, "load", loading(value))
+        with torch.inference_mode():
+            direct = C.CompileState().direct_graph((value,), captured, args, (x + 1, s0))
+        assert direct is not None and (direct.raw is not None) == (value == 2.0), value
+        if direct.raw is not None:
+            with torch.inference_mode():
+                y, _ = direct(torch.full((1, 1), 5.0), None, s0, None, None)
+            assert torch.equal(y, torch.full((1, 1), 2.0))  # what the entry wrote: it is used
