@@ -758,7 +758,10 @@ def _checked_raw(
     entry = RawEntry.load(direct.boxed, computed)
     if entry is None:
         return None
-    again = RawCall(entry, direct.inputs)(direct.token_inputs(tuple(per_token)))
+    try:
+        again = RawCall(entry, direct.inputs)(direct.token_inputs(tuple(per_token)))
+    except RuntimeError:  # it refused its outputs' sizes or a kernel threw: inductor's entry stays
+        return None
     same_layouts = all(a.stride() == b.stride() for a, b in zip(again, computed, strict=True))
     return entry if same_layouts and _same_tensors(again, computed) else None
 

@@ -10,20 +10,22 @@ token while the other threads wait.
 With :func:`raw_entry` among a compile's inductor options, :func:`rewrite` appends to the launcher's
 source the function ``SYMBOL``, made from the launcher's own lines (:func:`raw_source`): the same
 pointer arithmetic and kernel calls, with each input's address read from an array, each integer
-input read from the int64 its array entry points to, each output's pool at the caller's address of
-that output, and every other pool carved out of one scratch buffer the caller passes and keeps:
+input read from the int64 its array entry points to, each output (a buffer of constant layout) at
+the caller's address of that output instead of in its pool, and the pools carved out of one
+scratch buffer the caller passes and keeps:
 
 ``int64_t SYMBOL(void* const* inputs, void* const* outputs, const int64_t* output_bytes,
-char* scratch, int64_t scratch_bytes)`` returns 0 once the kernels ran; the bytes of scratch it
-needs where ``scratch_bytes`` is fewer (nothing ran); ``TOO_SMALL`` where an output's bytes are
-fewer than its pool's (nothing ran); ``FAILED`` where a kernel threw. A launcher with any line
-of another shape than those this module knows (an ATen call, an output that is an input or a view)
-gets no raw entry, and :class:`RawCall` finds none.
+char* scratch, int64_t scratch_bytes)`` returns 0 once the kernels ran; ``TOO_SMALL`` where an
+output's bytes are fewer than its buffer's; the bytes of scratch it needs where ``scratch_bytes``
+is fewer; ``FAILED`` where a kernel threw. It checks the first two before any kernel runs. A
+launcher with any line of another shape than those this module knows (an ATen call, an output that
+is an input or a view, a pool made after a kernel ran) gets no raw entry, and :class:`RawEntry`
+finds none.
 
-The kernels receive the same addresses relative to their pools as from inductor's entry, so they
-compute the same bits; :meth:`RawEntry.load`'s caller checks the outputs against inductor's entry
-on real inputs before using it. The option is a joint-graph pre-pass that leaves the graph
-unchanged; inductor keys its graph cache by its ``uuid`` (this module's source).
+The kernels receive the same offsets into each pool, and each output in memory of its own, so they
+compute the same bits; :meth:`RawEntry.load`'s caller checks the outputs
+against inductor's entry on real inputs before using it. The option is a joint-graph pre-pass that
+leaves the graph unchanged; inductor keys its graph cache by its ``uuid`` (this module's source).
 """
 
 from __future__ import annotations
@@ -73,8 +75,10 @@ _POOL = re.compile(
 )
 _ALLOCATE = re.compile(
     r"AOTI_TORCH_ERROR_CODE_CHECK\(aoti_torch__alloc_from_pool\((\w+), (.+), "
-    r"cached_torch_dtype_(\w+), \d+, \w+, \w+, &(tmp_tensor_handle_\d+)\)\);"
+    r"cached_torch_dtype_(\w+), (\d+), (\w+), (\w+), &(tmp_tensor_handle_\d+)\)\);"
 )
+#: an int64 array of literals only (inductor declares some ``const``, some ``static constexpr``)
+_CONSTANT = re.compile(r"(?:static constexpr |const )int64_t (int_array_\d+)\[\] = \{([\dL, ]*)\};")
 _HANDLE = re.compile(r"auto (buf\d+) = RAIIAtenTensorHandle\((tmp_tensor_handle_\d+)\);")
 _VIEW = re.compile(
     r"auto (buf\d+) = wrap_with_raii_handle_if_needed\(reinterpret_tensor_wrapper\("
@@ -86,6 +90,12 @@ _KERNEL = re.compile(r"cpp_\w+\(.*\);")
 _DATA_PTR = re.compile(r"\b(\w+)\.data_ptr\(\)")
 
 _PRELUDE = """
+extern "C" int64_t %s(void* const* inputs, void* const* outputs, const int64_t* output_bytes,
+                      char* scratch, int64_t scratch_bytes) {
+    try {
+    int64_t scratch_used = 0;
+"""
+_EXTENT = """
 static inline int64_t recurrent_raw_extent(int64_t n, const int64_t* sizes, const int64_t* strides) {
     int64_t last = 0;
     for (int64_t d = 0; d < n; ++d) {
@@ -93,12 +103,7 @@ static inline int64_t recurrent_raw_extent(int64_t n, const int64_t* sizes, cons
         last += (sizes[d] - 1) * strides[d];
     }
     return last + 1;
-}
-extern "C" int64_t %s(void* const* inputs, void* const* outputs, const int64_t* output_bytes,
-                      char* scratch, int64_t scratch_bytes) {
-    try {
-    int64_t scratch_used = 0;
-"""
+}"""
 _EPILOGUE = """    return 0;
     } catch (...) {
         return %d;
@@ -107,51 +112,68 @@ _EPILOGUE = """    return 0;
 """
 
 
+class _Allocation(NamedTuple):
+    """A buffer taken from a pool: ``aoti_torch__alloc_from_pool``'s arguments."""
+
+    pool: str
+    offset: str  # C++ expression of its first byte's offset in the pool
+    item_size: int
+    ndim: int
+    sizes: str  # names of the arrays of its sizes and strides
+    strides: str
+
+
 class _Launcher(NamedTuple):
     """What :func:`raw_source` reads off a launcher's lines before rewriting them."""
 
     outputs: dict[str, int]  # buffer released as an output -> its index
-    allocations: dict[str, tuple[str, str, int]]  # tmp handle -> (pool, byte offset, item size)
+    allocations: dict[str, _Allocation]  # by the tmp handle it is made into
     made_from: dict[str, str]  # buffer -> its tmp handle
     reused: dict[str, str]  # buffer -> the buffer whose bytes it takes over
+    constants: dict[str, list[int]]  # the launcher's constant int64 arrays
 
 
 def _read(body: list[str]) -> _Launcher:
-    outputs: dict[str, int] = {}
-    allocations: dict[str, tuple[str, str, int]] = {}
-    made_from: dict[str, str] = {}
-    reused: dict[str, str] = {}
+    launcher = _Launcher({}, {}, {}, {}, {})
     for line in body:
         if (m := _OUTPUT.fullmatch(line)) is not None:
-            outputs[m.group(2)] = int(m.group(1))
+            launcher.outputs[m.group(2)] = int(m.group(1))
         elif (m := _ALLOCATE.fullmatch(line)) is not None and m.group(3) in ITEM_SIZE:
-            allocations[m.group(4)] = (m.group(1), m.group(2), ITEM_SIZE[m.group(3)])
+            pool, offset, dtype, ndim, sizes, strides, handle = m.groups()
+            launcher.allocations[handle] = _Allocation(
+                pool, offset, ITEM_SIZE[dtype], int(ndim), sizes, strides
+            )
         elif (m := _HANDLE.fullmatch(line)) is not None:
-            made_from[m.group(1)] = m.group(2)
+            launcher.made_from[m.group(1)] = m.group(2)
         elif (m := _REUSE.fullmatch(line)) is not None:
-            reused[m.group(1)] = m.group(2)
-    return _Launcher(outputs, allocations, made_from, reused)
+            launcher.reused[m.group(1)] = m.group(2)
+        elif (m := _CONSTANT.fullmatch(line)) is not None:
+            values = [v.strip().rstrip("L") for v in m.group(2).split(",")]
+            launcher.constants[m.group(1)] = [int(v) for v in values if v]
+    return launcher
 
 
-def _output_pools(launcher: _Launcher) -> dict[str, int] | None:
-    """Pool -> output index for pools that hold exactly one output at offset 0 (made there, or
-    taking over the bytes of a buffer made there) and nothing else; None unless every output is
-    such a buffer."""
-    per_pool: dict[str, int] = {}
-    for pool, _, _ in launcher.allocations.values():
-        per_pool[pool] = per_pool.get(pool, 0) + 1
-    pools = {}
+def _output_buffers(launcher: _Launcher) -> dict[str, tuple[int, int]] | None:
+    """The buffers made from a pool that become the outputs (an output itself, or the buffer whose
+    bytes it takes over): name -> (output index, its bytes, from constant sizes and strides); None
+    unless every output is such a buffer, each of its own."""
+    made: dict[str, tuple[int, int]] = {}
     for name, index in launcher.outputs.items():
         while name in launcher.reused:
             name = launcher.reused[name]
         handle = launcher.made_from.get(name)
-        if handle is None or handle not in launcher.allocations:
+        allocation = launcher.allocations.get(handle) if handle is not None else None
+        if allocation is None or name in made:
             return None
-        pool, offset, _ = launcher.allocations[handle]
-        if offset.strip() != "0" or per_pool[pool] != 1:
+        sizes = launcher.constants.get(allocation.sizes)
+        strides = launcher.constants.get(allocation.strides)
+        if sizes is None or strides is None or not len(sizes) == len(strides) == allocation.ndim:
             return None
-        pools[pool] = index
-    return pools
+        extent = 0 if 0 in sizes else 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+        made[name] = (index, extent * allocation.item_size)
+    if sorted(index for index, _ in made.values()) != list(range(len(made))):
+        return None
+    return made
 
 
 def raw_source(launcher_lines: list[str]) -> str | None:
@@ -159,18 +181,19 @@ def raw_source(launcher_lines: list[str]) -> str | None:
     a line is of a shape this module does not know."""
     body = [line.strip() for line in launcher_lines]
     launcher = _read(body)
-    output_pools = _output_pools(launcher)
-    if output_pools is None or sorted(output_pools.values()) != list(range(len(output_pools))):
+    output_buffers = _output_buffers(launcher)
+    if output_buffers is None:
         return None
+    out = [f"if ({nbytes} > output_bytes[{index}]) return {TOO_SMALL};"
+           for index, nbytes in sorted(output_buffers.values())]  # fmt: skip
     handles: set[str] = set()  # names whose .data_ptr() reads a char* NAME_ptr
     item_size: dict[str, int | None] = {}
-    out: list[str] = []
     kernels = 0
     for line in body:
         if not line or any(p.fullmatch(line) for p in _DROP) or _OUTPUT.fullmatch(line):
             continue
         if (m := _ALLOCATE.fullmatch(line)) is not None:
-            if m.group(4) not in launcher.allocations:
+            if m.group(7) not in launcher.allocations:
                 return None
             continue
         if (m := _INPUT.fullmatch(line)) is not None:
@@ -185,19 +208,19 @@ def raw_source(launcher_lines: list[str]) -> str | None:
             ndim, sizes, strides, dtype, pool = m.groups()
             handles.add(pool)
             nbytes = f"recurrent_raw_extent({ndim}, {sizes}, {strides}) * {ITEM_SIZE[dtype]}"
-            if pool in output_pools:
-                index = output_pools[pool]
-                out.append(f"char* {pool}_ptr = static_cast<char*>(outputs[{index}]);")
-                out.append(f"if ({nbytes} > output_bytes[{index}]) return {TOO_SMALL};")
-            else:
-                out.append(f"char* {pool}_ptr = scratch + scratch_used;")
-                out.append(f"scratch_used += ({nbytes} + {ALIGN - 1}) / {ALIGN} * {ALIGN};")
+            out.append(f"char* {pool}_ptr = scratch + scratch_used;")
+            out.append(f"scratch_used += ({nbytes} + {ALIGN - 1}) / {ALIGN} * {ALIGN};")
         elif (m := _HANDLE.fullmatch(line)) is not None:
             name, handle = m.groups()
-            pool, offset, size = launcher.allocations[handle]
+            allocation = launcher.allocations[handle]
             handles.add(name)
-            item_size[name] = size
-            out.append(f"char* {name}_ptr = {pool}_ptr + ({offset});")
+            item_size[name] = allocation.item_size
+            if name in output_buffers:  # at the caller's output, wherever its pool would put it
+                out.append(
+                    f"char* {name}_ptr = static_cast<char*>(outputs[{output_buffers[name][0]}]);"
+                )
+            else:
+                out.append(f"char* {name}_ptr = {allocation.pool}_ptr + ({allocation.offset});")
         elif (m := _VIEW.fullmatch(line)) is not None:
             name, base, offset = m.groups()
             if item_size.get(base) is None or base not in handles:
@@ -228,7 +251,7 @@ def raw_source(launcher_lines: list[str]) -> str | None:
     names = "|".join(map(re.escape, handles))
     if handles and re.search(rf"\b(?:{names})\b(?!_ptr)", text):
         return None  # a handle used other than by its address
-    return (_PRELUDE % SYMBOL) + text + "\n" + (_EPILOGUE % FAILED)
+    return _EXTENT + (_PRELUDE % SYMBOL) + text + "\n" + (_EPILOGUE % FAILED)
 
 
 def rewrite(source: str) -> str:
@@ -332,7 +355,10 @@ class RawEntry(NamedTuple):
         path = library_path(boxed)
         if path is None or not supported():
             return None
-        function = getattr(ctypes.CDLL(path), SYMBOL, None)
+        try:
+            function = getattr(ctypes.CDLL(path), SYMBOL, None)
+        except OSError:  # the library's file is gone: inductor's entry stays
+            return None
         if function is None:
             return None
         function.restype = ctypes.c_int64
@@ -342,7 +368,8 @@ class RawEntry(NamedTuple):
 
 class RawCall:
     """A graph called through its :class:`RawEntry`: the fixed inputs' addresses written once, the
-    others on each call, each call's outputs new tensors, the scratch pools kept between calls."""
+    others on each call, each call's outputs new tensors, the scratch pools kept between calls (so
+    one call at a time, like the decode cache the graph writes)."""
 
     def __init__(self, entry: RawEntry, inputs: list[torch.Tensor | None]) -> None:
         """``inputs``: the graph's inputs, None for those given on each call."""

@@ -78,7 +78,7 @@ def test_the_raw_entry_takes_addresses_carves_scratch_and_checks_outputs_before_
     assert source is not None
     lines = [line.strip() for line in source.split("\n")]
     body = lines[lines.index("int64_t scratch_used = 0;") :]
-    assert body[1:4] == [
+    assert body[3:6] == [
         "int64_t arg0_1;",
         "arg0_1 = *static_cast<const int64_t*>(inputs[0]);",  # an integer input: its int64
         "char* arg1_1_ptr = static_cast<char*>(inputs[1]);",
@@ -91,13 +91,15 @@ def test_the_raw_entry_takes_addresses_carves_scratch_and_checks_outputs_before_
         "char* buf1_ptr = static_cast<char*>(static_cast<void*>(pool0_ptr)) + (align(4L*s0));"
         in body
     )
-    # outputs' pools at the caller's addresses (output 1 is pool1's buffer, handed on), sizes checked
-    assert "char* pool1_ptr = static_cast<char*>(outputs[1]);" in body
-    assert (
-        f"if (recurrent_raw_extent(1, int_array_2, int_array_1) * 4 > output_bytes[1]) return {TOO_SMALL};"
-        in body
-    )
-    assert "char* pool2_ptr = static_cast<char*>(outputs[0]);" in body
+    # each output at the caller's address, its bytes (constant layouts) checked before anything
+    assert body[:3] == [
+        "int64_t scratch_used = 0;",
+        f"if (8 > output_bytes[0]) return {TOO_SMALL};",  # int64 (1,)
+        f"if (4 > output_bytes[1]) return {TOO_SMALL};",  # float32 (1,), handed on, then output 1
+    ]
+    assert "char* buf3_ptr = static_cast<char*>(outputs[1]);" in body
+    assert "char* buf6_ptr = static_cast<char*>(outputs[0]);" in body
+    assert "char* pool1_ptr = scratch + scratch_used;" in body  # every pool in the scratch
     assert "char* buf4_ptr = buf3_ptr + (2L) * 4;" in body  # a view: item size of its base
     assert "char* buf5_ptr = buf3_ptr;" in body
     first_kernel = next(i for i, line in enumerate(body) if line.startswith("cpp_fused_0("))
@@ -123,16 +125,28 @@ def test_a_launcher_with_any_unknown_line_gets_no_raw_entry(change):
     assert raw_entry.raw_source(_launcher(**change)) is None
 
 
-def test_outputs_must_each_be_a_whole_pool_at_offset_zero():
-    shared = [line.replace(", 0, cached_torch_dtype_int64", ", 64L, cached_torch_dtype_int64")
-              for line in _launcher()]  # fmt: skip
-    assert raw_entry.raw_source(shared) is None  # at an offset
-    second = _launcher()
-    at = second.index("auto buf6 = RAIIAtenTensorHandle(tmp_tensor_handle_1);") + 1
-    second[at:at] = _alloc(2, 9, "8L", "int64", 9)  # another buffer in an output's pool
-    assert raw_entry.raw_source(second) is None
-    as_input = _launcher() + ["output_handles[2] = arg2_1.release();"]  # an input passed out
+def test_each_output_is_a_buffer_of_constant_layout_of_its_own():
+    at_offset = [line.replace(", 0, cached_torch_dtype_int64", ", 64L, cached_torch_dtype_int64")
+                 for line in _launcher()]  # fmt: skip
+    assert "static_cast<char*>(outputs[0])" in raw_entry.raw_source(at_offset)  # anywhere in a pool
+    dynamic = [line.replace("int_array_1[] = {1L, }", "int_array_1[] = {s0, }")
+               for line in _launcher()]  # fmt: skip
+    assert raw_entry.raw_source(dynamic) is None  # its bytes not known before the kernels run
+    twice = _launcher() + ["output_handles[2] = buf5.release();"]
+    assert raw_entry.raw_source(twice) is None
+    as_input = _launcher() + ["output_handles[2] = arg2_1.release();"]
     assert raw_entry.raw_source(as_input) is None
+
+
+def test_an_output_in_a_pool_that_earlier_held_scratch_goes_to_the_callers_memory():
+    # a launcher's pool whose bytes serve the first kernel's buffers and then an output
+    lines = _launcher()
+    at = lines.index("auto buf6 = RAIIAtenTensorHandle(tmp_tensor_handle_1);")
+    lines[at - 1] = lines[at - 1].replace("(pool2, 0,", "(pool0, 0,")
+    source = raw_entry.raw_source(lines)
+    assert source is not None
+    assert "char* buf6_ptr = static_cast<char*>(outputs[0]);" in source
+    assert "char* buf1_ptr = static_cast<char*>(static_cast<void*>(pool0_ptr))" in source
 
 
 def test_the_entry_goes_after_inductors_and_a_launcher_without_one_is_unchanged():
@@ -191,25 +205,41 @@ def test_a_raw_entry_is_kept_only_where_it_returns_the_graphs_outputs(monkeypatc
     captured = C._Captured(lambda s, x: (x + 1,), ("L['state']", "L['x']"), 1)
     monkeypatch.setattr(C, "boxed_graph", lambda run: lambda inputs: [inputs[1] + 1])
 
-    def fill(value: float):
+    def fill(value: float, code: int):
         def function(inputs, outputs, output_bytes, scratch, scratch_bytes):
             ctypes.memmove(outputs[0], ctypes.addressof(ctypes.c_float(value)), 4)
-            return 0
+            return code
 
         return function
 
-    def loading(value: float):
+    def loading(value: float, code: int):
         def load(cls, boxed, outputs):
-            return cls(fill(value), tuple((o.shape, o.stride(), o.dtype) for o in outputs))
+            return cls(fill(value, code), tuple((o.shape, o.stride(), o.dtype) for o in outputs))
 
         return classmethod(load)
 
-    for value in (2.0, 3.0):
-        monkeypatch.setattr(RawEntry, "load", loading(value))
+    # the graph's value; another value; the graph's value but a refusal (TOO_SMALL) or a throw
+    for value, code, kept in [(2.0, 0, True), (3.0, 0, False), (2.0, TOO_SMALL, False),
+                              (2.0, FAILED, False)]:  # fmt: skip
+        monkeypatch.setattr(RawEntry, "load", loading(value, code))
         with torch.inference_mode():
             direct = C.CompileState().direct_graph((value,), captured, args, (x + 1, s0))
-        assert direct is not None and (direct.raw is not None) == (value == 2.0), value
+        assert direct is not None and (direct.raw is not None) == kept, (value, code)
         if direct.raw is not None:
             with torch.inference_mode():
                 y, _ = direct(torch.full((1, 1), 5.0), None, s0, None, None)
             assert torch.equal(y, torch.full((1, 1), 2.0))  # what the entry wrote: it is used
+
+
+def test_no_raw_entry_without_a_launcher_library_or_its_symbol(monkeypatch):
+    assert raw_entry.library_path(lambda inputs: inputs) is None  # no compiled module inside
+    monkeypatch.setattr(raw_entry, "supported", lambda: True)
+    monkeypatch.setattr(raw_entry, "library_path", lambda boxed: "/nowhere/gone.so")
+
+    def gone(path):
+        raise OSError(f"{path}: cannot open shared object file")
+
+    monkeypatch.setattr(raw_entry.ctypes, "CDLL", gone)
+    assert RawEntry.load(lambda inputs: inputs, []) is None
+    monkeypatch.setattr(raw_entry.ctypes, "CDLL", lambda path: object())  # loaded, no SYMBOL
+    assert RawEntry.load(lambda inputs: inputs, []) is None
