@@ -381,11 +381,14 @@ class RawCall:
         n = len(entry.layouts)
         self.output_pointers = (ctypes.c_void_p * n)()
         self.output_bytes = (ctypes.c_int64 * n)(*map(_extent_bytes, entry.layouts))
+        # the arrays' addresses as plain integers: ctypes converts those fastest
+        self.arrays = tuple(map(ctypes.addressof, (self.pointers, self.output_pointers,
+                                                   self.output_bytes)))  # fmt: skip
         self.scratch = torch.empty(0, dtype=torch.uint8)
+        self.scratch_at = (self.scratch.data_ptr(), 0)
 
     def _run(self) -> int:
-        return self.entry.function(self.pointers, self.output_pointers, self.output_bytes,
-                                   self.scratch.data_ptr(), self.scratch.numel())  # fmt: skip
+        return self.entry.function(*self.arrays, *self.scratch_at)
 
     def __call__(self, per_call: Iterable[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
         """Run the graph with input ``i`` at the address of each ``(i, tensor)`` of ``per_call``
@@ -399,9 +402,10 @@ class RawCall:
         code = self._run()
         if code > 0:  # its pools need more scratch than it had: nothing ran
             self.scratch = torch.empty(code, dtype=torch.uint8)
+            self.scratch_at = (self.scratch.data_ptr(), code)
             code = self._run()
         if code != 0:
-            problem = {TOO_SMALL: "an output is smaller than its pool", FAILED: "a kernel threw"}
+            problem = {TOO_SMALL: "an output is smaller than its buffer", FAILED: "a kernel threw"}
             raise RuntimeError(
                 f"compiled graph's raw entry: {problem.get(code, f'returned {code}')}"
             )

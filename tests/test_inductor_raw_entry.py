@@ -194,8 +194,8 @@ def test_a_decode_token_through_the_raw_entry_gives_inductors_bits():
             assert len(through_raw) == len(through_inductor) == 3
             for a, b in zip(through_raw, through_inductor, strict=True):
                 assert a.stride() == b.stride() and torch.equal(a, b)
-        direct.raw.output_bytes[0] -= 1  # an output smaller than its pool: refused, nothing run
-        with pytest.raises(RuntimeError, match="an output is smaller than its pool"):
+        direct.raw.output_bytes[0] -= 1  # an output smaller than its buffer: refused
+        with pytest.raises(RuntimeError, match="an output is smaller than its buffer"):
             direct.raw(direct.token_inputs(token))
 
 
@@ -206,8 +206,9 @@ def test_a_raw_entry_is_kept_only_where_it_returns_the_graphs_outputs(monkeypatc
     monkeypatch.setattr(C, "boxed_graph", lambda run: lambda inputs: [inputs[1] + 1])
 
     def fill(value: float, code: int):
-        def function(inputs, outputs, output_bytes, scratch, scratch_bytes):
-            ctypes.memmove(outputs[0], ctypes.addressof(ctypes.c_float(value)), 4)
+        def function(inputs, outputs, output_bytes, scratch, scratch_bytes):  # as the C++ sees them
+            first_output = ctypes.c_void_p.from_address(outputs).value
+            ctypes.memmove(first_output, ctypes.addressof(ctypes.c_float(value)), 4)
             return code
 
         return function
