@@ -8,7 +8,7 @@ new tokens). Each round times, side by side:
   ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``' chains and
   spinning barriers), and of one whose
   launcher makes a tensor of each pooled intermediate ("graph, pooled tensors": without
-  ``inductor_pool_pointers``), and of one whose launcher checks every input's sizes and strides on
+  ``inductor_pool_pointers``; its raw entry, which the token calls, takes pointers either way), and of one whose launcher checks every input's sizes and strides on
   each call ("graph, size asserts": inductor's default, where the direct callers check instead),
   and of one whose launcher has no raw entry ("graph, inductor's entry": called through inductor's
   Python wrapper, a handle per input, without ``inductor_raw_entry``);
@@ -253,7 +253,7 @@ def main() -> None:
     print(f"  torch.sum reads - read floor  {1e6 * paired('torch.sum reads', 'read floor'):6.1f} us (per-op dispatch, torch's full reduction)")  # fmt: skip
     print(f"  graph - products alone        {1e6 * paired('graph only', 'products alone'):6.1f} us (attention, norms, RoPE, synchronisation)")  # fmt: skip
     print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one OpenMP barrier per loop)")  # fmt: skip
-    print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate)")  # fmt: skip
+    print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate in inductor's entry; the raw entry takes pointers either way)")  # fmt: skip
     print(f"  no launcher size asserts      {1e6 * paired('graph only', 'graph, size asserts'):6.1f} us (against checking every input on each call)")  # fmt: skip
     print(f"  launcher's raw entry          {1e6 * paired('graph only', 'graph, inductor' + chr(39) + 's entry'):6.1f} us (against inductor's entry through its Python wrapper)")  # fmt: skip
     print(f"  greedy tokens fed back        {1e6 * paired('graph, greedy fed back', 'graph only'):6.1f} us (the argmax in the graph)")  # fmt: skip

@@ -26,13 +26,12 @@ whose launcher it was checked against; elsewhere :func:`compile_options` adds no
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 from collections import defaultdict
 from typing import Any, NamedTuple
 
-from .inductor_marks import mark
+from .inductor_marks import mark, rewrite_launchers
 from .torch_release import torch_release
 
 #: torch releases whose C++ launcher (``CppWrapperCpu``: pool allocation and view lines, handle
@@ -40,20 +39,21 @@ from .torch_release import torch_release
 CHECKED_TORCH = ((2, 13),)
 
 _DECLARE = re.compile(r"AtenTensorHandle (tmp_tensor_handle_\d+);")
-_ALLOCATE = re.compile(
+#: a buffer from a pool: pool, byte offset, dtype, dimensions, sizes and strides arrays, handle
+ALLOCATE_LINE = re.compile(
     r"AOTI_TORCH_ERROR_CODE_CHECK\(aoti_torch__alloc_from_pool\((\w+), (.+), "
-    r"cached_torch_dtype_(\w+), \d+, \w+, \w+, &(tmp_tensor_handle_\d+)\)\);"
+    r"cached_torch_dtype_(\w+), (\d+), (\w+), (\w+), &(tmp_tensor_handle_\d+)\)\);"
 )
-_HANDLE = re.compile(r"auto (buf\d+) = RAIIAtenTensorHandle\((tmp_tensor_handle_\d+)\);")
-_VIEW = re.compile(
+HANDLE_LINE = re.compile(r"auto (buf\d+) = RAIIAtenTensorHandle\((tmp_tensor_handle_\d+)\);")
+VIEW_LINE = re.compile(
     r"auto (buf\d+) = wrap_with_raii_handle_if_needed\(reinterpret_tensor_wrapper\("
     r"(buf\d+), \d+, \w+, \w+, (.+)\)\);  // alias"
 )
-_REUSE = re.compile(r"auto (buf\d+) = std::move\((buf\d+)\);  // reuse")
+REUSE_LINE = re.compile(r"auto (buf\d+) = std::move\((buf\d+)\);  // reuse")
 _BUFFER = re.compile(r"\bbuf\d+\b")
 _POINTER_USE = re.compile(r"\b(buf\d+)(\.data_ptr\(\)|\.reset\(\);)")
 _RELEASE = re.compile(r"\b(\w+)\.reset\(\);")
-_ITEM_SIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
+ITEM_SIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
 
 
@@ -73,22 +73,22 @@ def _pooled(lines: list[str]) -> dict[str, _Pooled]:
     pooled: dict[str, _Pooled] = {}
     for i, line in enumerate(lines):
         text = line.strip()
-        if (m := _ALLOCATE.fullmatch(text)) is not None:
-            pool, offset, dtype, handle = m.groups()
+        if (m := ALLOCATE_LINE.fullmatch(text)) is not None:
+            pool, offset, dtype, _, _, _, handle = m.groups()
             declared = i > 0 and _DECLARE.fullmatch(lines[i - 1].strip())
-            if dtype in _ITEM_SIZE and declared and declared.group(1) == handle:
-                allocations[handle] = (i, pool, offset, _ITEM_SIZE[dtype])
-        elif (m := _HANDLE.fullmatch(text)) is not None and m.group(2) in allocations:
+            if dtype in ITEM_SIZE and declared and declared.group(1) == handle:
+                allocations[handle] = (i, pool, offset, ITEM_SIZE[dtype])
+        elif (m := HANDLE_LINE.fullmatch(text)) is not None and m.group(2) in allocations:
             at, pool, offset, size = allocations.pop(m.group(2))
             address = f"static_cast<char*>({pool}.data_ptr()) + ({offset})"
             pooled[m.group(1)] = _Pooled((at - 1, at, i), pool, address, size, None)
-        elif (m := _VIEW.fullmatch(text)) is not None and m.group(2) in pooled:
+        elif (m := VIEW_LINE.fullmatch(text)) is not None and m.group(2) in pooled:
             name, base, offset = m.groups()
             size = pooled[base].item_size
             if size is not None:
                 address = f"{base}_ptr + ({offset}) * {size}"
                 pooled[name] = _Pooled((i,), pooled[base].pool, address, size, base)
-        elif (m := _REUSE.fullmatch(text)) is not None and m.group(2) in pooled:
+        elif (m := REUSE_LINE.fullmatch(text)) is not None and m.group(2) in pooled:
             name, base = m.groups()  # the same bytes, maybe another dtype: no views of it
             pooled[name] = _Pooled((i,), pooled[base].pool, f"{base}_ptr", None, base)
     return pooled
@@ -181,21 +181,7 @@ def install() -> bool:
     gets :func:`rewrite`; False where this torch is not a checked release (nothing is changed)."""
     if not supported():
         return False
-    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-
-    generate = CppWrapperCpu.generate
-    if getattr(generate, "rewrites_pool_pointers", False):
-        return True
-
-    @functools.wraps(generate)
-    def rewriting(self: Any, is_inference: bool) -> Any:
-        code, declarations = generate(self, is_inference)
-        if _selected():
-            code = dataclasses.replace(code, value=rewrite(code.value))
-        return code, declarations
-
-    rewriting.rewrites_pool_pointers = True  # type: ignore[attr-defined]
-    CppWrapperCpu.generate = rewriting
+    rewrite_launchers("pool_pointers", _selected, rewrite)
     return True
 
 

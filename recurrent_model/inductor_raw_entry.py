@@ -31,7 +31,6 @@ leaves the graph unchanged; inductor keys its graph cache by its ``uuid`` (this 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterable
@@ -39,7 +38,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .inductor_marks import mark
+from .inductor_marks import mark, rewrite_launchers
+from .inductor_pool_pointers import (
+    ALLOCATE_LINE,
+    HANDLE_LINE,
+    ITEM_SIZE,
+    REUSE_LINE,
+    VIEW_LINE,
+)
 from .torch_release import torch_release
 
 #: torch releases whose C++ launcher (``CppWrapperCpu``) the line shapes below were checked against.
@@ -48,8 +54,6 @@ SYMBOL = "recurrent_raw_entry"
 TOO_SMALL, FAILED = -1, -2
 #: scratch pools start on this byte boundary (torch's CPU allocations are as aligned)
 ALIGN = 64
-ITEM_SIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
-             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
 
 _BEGIN = "void inductor_entry_impl("
 _END = "} // inductor_entry_impl"
@@ -58,7 +62,7 @@ _DROP = (
     re.compile(r"auto inputs = steal_from_raw_handles_to_raii_handles\(input_handles, \d+\);"),
     re.compile(r"AtenTensorHandle \w+;"),
     re.compile(r"RAIIAtenTensorHandle (\w+)\(\1_handle\);"),
-    re.compile(r"\w+\.reset\(\);"),
+    re.compile(r"(?:\w+\.reset\(\);\s*)+"),  # one or several handles freed
 )
 _KEEP = (
     re.compile(r"(?:static constexpr |const )?int64_t int_array_\d+\[\] = \{[^;]*\};"),
@@ -73,18 +77,8 @@ _POOL = re.compile(
     r"AOTI_TORCH_ERROR_CODE_CHECK\(aoti_torch_empty_strided\((\d+), (\w+), (\w+), "
     r"cached_torch_dtype_(\w+), cached_torch_device_type_cpu, 0, &(\w+)_handle\)\);"
 )
-_ALLOCATE = re.compile(
-    r"AOTI_TORCH_ERROR_CODE_CHECK\(aoti_torch__alloc_from_pool\((\w+), (.+), "
-    r"cached_torch_dtype_(\w+), (\d+), (\w+), (\w+), &(tmp_tensor_handle_\d+)\)\);"
-)
 #: an int64 array of literals only (inductor declares some ``const``, some ``static constexpr``)
 _CONSTANT = re.compile(r"(?:static constexpr |const )int64_t (int_array_\d+)\[\] = \{([\dL, ]*)\};")
-_HANDLE = re.compile(r"auto (buf\d+) = RAIIAtenTensorHandle\((tmp_tensor_handle_\d+)\);")
-_VIEW = re.compile(
-    r"auto (buf\d+) = wrap_with_raii_handle_if_needed\(reinterpret_tensor_wrapper\("
-    r"(buf\d+), \d+, \w+, \w+, (.+)\)\);  // alias"
-)
-_REUSE = re.compile(r"auto (buf\d+) = std::move\((buf\d+)\);  // reuse")
 _OUTPUT = re.compile(r"output_handles\[(\d+)\] = (buf\d+)\.release\(\);")
 _KERNEL = re.compile(r"cpp_\w+\(.*\);")
 _DATA_PTR = re.compile(r"\b(\w+)\.data_ptr\(\)")
@@ -138,14 +132,14 @@ def _read(body: list[str]) -> _Launcher:
     for line in body:
         if (m := _OUTPUT.fullmatch(line)) is not None:
             launcher.outputs[m.group(2)] = int(m.group(1))
-        elif (m := _ALLOCATE.fullmatch(line)) is not None and m.group(3) in ITEM_SIZE:
+        elif (m := ALLOCATE_LINE.fullmatch(line)) is not None and m.group(3) in ITEM_SIZE:
             pool, offset, dtype, ndim, sizes, strides, handle = m.groups()
             launcher.allocations[handle] = _Allocation(
                 pool, offset, ITEM_SIZE[dtype], int(ndim), sizes, strides
             )
-        elif (m := _HANDLE.fullmatch(line)) is not None:
+        elif (m := HANDLE_LINE.fullmatch(line)) is not None:
             launcher.made_from[m.group(1)] = m.group(2)
-        elif (m := _REUSE.fullmatch(line)) is not None:
+        elif (m := REUSE_LINE.fullmatch(line)) is not None:
             launcher.reused[m.group(1)] = m.group(2)
         elif (m := _CONSTANT.fullmatch(line)) is not None:
             values = [v.strip().rstrip("L") for v in m.group(2).split(",")]
@@ -192,7 +186,7 @@ def raw_source(launcher_lines: list[str]) -> str | None:
     for line in body:
         if not line or any(p.fullmatch(line) for p in _DROP) or _OUTPUT.fullmatch(line):
             continue
-        if (m := _ALLOCATE.fullmatch(line)) is not None:
+        if (m := ALLOCATE_LINE.fullmatch(line)) is not None:
             if m.group(7) not in launcher.allocations:
                 return None
             continue
@@ -210,7 +204,7 @@ def raw_source(launcher_lines: list[str]) -> str | None:
             nbytes = f"recurrent_raw_extent({ndim}, {sizes}, {strides}) * {ITEM_SIZE[dtype]}"
             out.append(f"char* {pool}_ptr = scratch + scratch_used;")
             out.append(f"scratch_used += ({nbytes} + {ALIGN - 1}) / {ALIGN} * {ALIGN};")
-        elif (m := _HANDLE.fullmatch(line)) is not None:
+        elif (m := HANDLE_LINE.fullmatch(line)) is not None:
             name, handle = m.groups()
             allocation = launcher.allocations[handle]
             handles.add(name)
@@ -221,14 +215,14 @@ def raw_source(launcher_lines: list[str]) -> str | None:
                 )
             else:
                 out.append(f"char* {name}_ptr = {allocation.pool}_ptr + ({allocation.offset});")
-        elif (m := _VIEW.fullmatch(line)) is not None:
+        elif (m := VIEW_LINE.fullmatch(line)) is not None:
             name, base, offset = m.groups()
             if item_size.get(base) is None or base not in handles:
                 return None
             handles.add(name)
             item_size[name] = item_size[base]
             out.append(f"char* {name}_ptr = {base}_ptr + ({offset}) * {item_size[base]};")
-        elif (m := _REUSE.fullmatch(line)) is not None:
+        elif (m := REUSE_LINE.fullmatch(line)) is not None:
             name, base = m.groups()
             if base not in handles:
                 return None
@@ -295,21 +289,7 @@ def install() -> bool:
     :func:`rewrite`; False where this torch is not a checked release (nothing is changed)."""
     if not supported():
         return False
-    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-
-    generate = CppWrapperCpu.generate
-    if getattr(generate, "appends_raw_entry", False):
-        return True
-
-    @functools.wraps(generate)
-    def appending(self: Any, is_inference: bool) -> Any:
-        code, declarations = generate(self, is_inference)
-        if _selected():
-            code = dataclasses.replace(code, value=rewrite(code.value))
-        return code, declarations
-
-    appending.appends_raw_entry = True  # type: ignore[attr-defined]
-    CppWrapperCpu.generate = appending
+    rewrite_launchers("raw_entry", _selected, rewrite)
     return True
 
 

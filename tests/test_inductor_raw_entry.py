@@ -67,7 +67,7 @@ def _launcher(*, kernel_args: str = "(float*)(buf3.data_ptr())", tail: tuple = (
         "cpp_fused_1((const float*)(arg2_1.data_ptr()), (float*)(buf5.data_ptr()));",
         *tail,
         "arg1_1.reset();",
-        "pool0.reset();",
+        "pool0.reset(); buf5.reset(); buf4.reset();",
         "output_handles[0] = buf6.release();",
         "output_handles[1] = buf5.release();",
     ]
