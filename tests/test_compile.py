@@ -7,6 +7,7 @@ import torch
 
 import recurrent_model as rm
 from recurrent_model import hook_names
+from recurrent_model import inductor_raw_entry as raw_entry
 
 
 def tiny_ids(
@@ -249,8 +250,12 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
                 logits, _ = dec(ids[:, :1], pos, None)
         assert all(isinstance(dec.direct[i], _DirectGraph) for i in range(n_pieces))
         assert len(dec.direct) == n_pieces
-        # in inference mode below torch.compile's Python wrappers too
+        # in inference mode below torch.compile's Python wrappers too, and through each launcher's
+        # raw entry where this torch's launchers get one (pieces that pass an input through too)
         assert all(dec.direct[i].boxed is not None for i in range(n_pieces))
+        assert all(
+            (dec.direct[i].raw is not None) == raw_entry.supported() for i in range(n_pieces)
+        )
         # each key count a tensor made once (the launcher's torch.tensor of it otherwise)
         sizes = dec.direct[0].size_tensors
         assert sizes and all(t.dtype == torch.int64 and t.item() == n for n, t in sizes.items())
