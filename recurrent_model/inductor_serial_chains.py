@@ -16,12 +16,13 @@ With :func:`serial_chains` among a compile's inductor options:
   loops in program order;
 - each loop the threads share ends without OpenMP's barrier (``#pragma omp for nowait``);
 - before whatever next runs in the region after a shared loop or a chain (a shared loop, or a
-  chain after a shared loop), the threads meet at the region's own barrier (``BARRIER``): an
-  arrival counter and a release count, on which the waiting threads spin in user space (yielding
-  the core after ``SPINS`` rounds); the end of the parallel region is OpenMP's barrier still.
+  chain after a shared loop), the threads meet at the region's own barrier (``BARRIER``): a
+  phase count per thread, each bumped by its thread and read by the others, which spin in user
+  space (yielding the core after ``SPINS`` rounds); the end of the parallel region is OpenMP's
+  barrier still.
 
-Every write before a barrier is visible to every thread after it (the counter's acquire-release
-order), each loop computes what it computed before: the same bits. And with the C++ launcher, a
+Every write before a barrier is visible to every thread after it (the counts' release stores and
+acquire loads), each loop computes what it computed before: the same bits. And with the C++ launcher, a
 kernel is not split at ``MAX_FUSED_KERNEL_ARGS_NUM`` arguments (a limit for ctypes, which only a
 Python launcher uses): a small-preset token is one kernel, one parallel region, instead of two.
 
@@ -63,27 +64,33 @@ def _chaining() -> bool:
     return type(config.post_grad_custom_post_pass) is type(serial_chains())  # copies count too
 
 
-#: C++ of one region's barrier, declared before the region (``{n}``: the region's number): a
-#: counter of threads arrived and a release count, one cache line each; the last thread to arrive
-#: resets the counter and bumps the release count, the others spin on it, pausing, and after
-#: ``SPINS`` rounds yield the core on every round (a descheduled thread gets its core back).
+#: C++ of one region's barrier, declared before the region (``{n}``: the region's number,
+#: ``{threads}``: its thread count): one phase count per thread, each on a cache line of its own;
+#: a thread arriving bumps its own count (a release store) and spins until every other thread's
+#: count has reached it (acquire loads), pausing, and after ``SPINS`` rounds yields the core on
+#: every round (a descheduled thread gets its core back). A thread is at most one barrier ahead of
+#: another, so a count past the phase releases as well. With two threads each arrival is one store
+#: to a line its thread holds and one line read from the other, where a shared arrival counter
+#: would also move that counter's line to the last thread to arrive.
 BARRIER = """\
-alignas(64) std::atomic<int> barrier_arrived_{n}{{0}};
-alignas(64) std::atomic<int> barrier_released_{n}{{0}};
-auto barrier_{n} = [&barrier_arrived_{n}, &barrier_released_{n}]() {{
-    const int released = barrier_released_{n}.load(std::memory_order_relaxed);
-    if (barrier_arrived_{n}.fetch_add(1, std::memory_order_acq_rel) == omp_get_num_threads() - 1) {{
-        barrier_arrived_{n}.store(0, std::memory_order_relaxed);
-        barrier_released_{n}.store(released + 1, std::memory_order_release);
-        return;
-    }}
-    for (int spins = 0; barrier_released_{n}.load(std::memory_order_acquire) == released; ++spins) {{
-        if (spins >= {spins}) {{ sched_yield(); continue; }}
+struct alignas(64) barrier_phase_{n}_t {{ std::atomic<int> count{{0}}; }};
+barrier_phase_{n}_t barrier_phases_{n}[{threads}];
+auto barrier_{n} = [&barrier_phases_{n}]() {{
+    const int thread = omp_get_thread_num();
+    const int threads = omp_get_num_threads();
+    const int phase = barrier_phases_{n}[thread].count.load(std::memory_order_relaxed) + 1;
+    barrier_phases_{n}[thread].count.store(phase, std::memory_order_release);
+    for (int other = 0; other < threads; ++other) {{
+        if (other == thread) continue;
+        for (int spins = 0; barrier_phases_{n}[other].count.load(std::memory_order_acquire) < phase;
+             ++spins) {{
+            if (spins >= {spins}) {{ sched_yield(); continue; }}
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
+            __asm__ __volatile__("yield");
 #endif
+        }}
     }}
 }};"""
 SPINS = 1 << 12
@@ -113,7 +120,9 @@ def _chained_work_sharing(base: type) -> type:
             else:
                 self.close()
                 self.region += 1  # one kernel's regions: 0, 1, …
-                for line in BARRIER.format(n=self.region, spins=SPINS).splitlines():
+                for line in BARRIER.format(
+                    n=self.region, spins=SPINS, threads=threads
+                ).splitlines():
                     self.code.writeline(line)
             super().parallel(threads)
             self.unsynced = "shared"

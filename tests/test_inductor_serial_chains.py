@@ -57,8 +57,8 @@ def _regions(calls: list[tuple], chaining: bool, monkeypatch) -> list[str]:
     return code.lines
 
 
-def _declaration(region: int) -> list[str]:
-    return chains.BARRIER.format(n=region, spins=chains.SPINS).splitlines()
+def _declaration(region: int, threads: int) -> list[str]:
+    return chains.BARRIER.format(n=region, spins=chains.SPINS, threads=threads).splitlines()
 
 
 def test_a_run_of_serial_loops_is_one_master_chain_with_one_barrier_before_the_next_shared_loop(
@@ -66,7 +66,7 @@ def test_a_run_of_serial_loops_is_one_master_chain_with_one_barrier_before_the_n
 ):
     calls = [("parallel", 2), ("single",), ("single",), ("parallel", 2), ("single",), ("close",)]
     assert _regions(calls, True, monkeypatch) == [
-        *_declaration(0),
+        *_declaration(0, 2),
         "#pragma omp parallel num_threads(2)",
         "barrier_0();",  # the shared loop's results, before thread 0 reads them
         "#pragma omp master",
@@ -86,15 +86,16 @@ def test_a_run_of_serial_loops_is_one_master_chain_with_one_barrier_before_the_n
 
 
 def test_each_region_declares_its_own_barrier_and_none_is_written_outside_a_region(monkeypatch):
+    assert "barrier_phase_1_t barrier_phases_1[4];" in _declaration(1, 4)  # a count per thread
     calls = [("single",), ("parallel", 2), ("single",), ("parallel", 4), ("parallel", 4),
              ("close",)]  # fmt: skip
     assert _regions(calls, True, monkeypatch) == [
-        *_declaration(0),
+        *_declaration(0, 2),
         "#pragma omp parallel num_threads(2)",
         "barrier_0();",
         "#pragma omp master",
         "}",
-        *_declaration(1),
+        *_declaration(1, 4),  # one phase count per thread of the region
         "#pragma omp parallel num_threads(4)",
         "barrier_1();",
         "}",
