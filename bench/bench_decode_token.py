@@ -8,8 +8,9 @@ new tokens). Each round times, side by side:
   ("graph, unchained": inductor's own regions, without ``inductor_serial_chains``' chains and
   spinning barriers), and of one whose
   launcher makes a tensor of each pooled intermediate ("graph, pooled tensors": without
-  ``inductor_pool_pointers``; its raw entry, which the token calls, takes pointers either way), and of one whose launcher checks every input's sizes and strides on
-  each call ("graph, size asserts": inductor's default, where the direct callers check instead),
+  ``inductor_pool_pointers``; its raw entry, which the token calls, takes pointers either way),
+  and of one whose launcher checks every input's sizes and strides on each call ("graph, size
+  asserts": inductor's default, where the direct callers check instead),
   and of one whose launcher has no raw entry ("graph, inductor's entry": called through inductor's
   Python wrapper, a handle per input, without ``inductor_raw_entry``);
 - that loop with the graph's greedy tokens fed back as the next ids ("graph, greedy fed back"):
@@ -66,6 +67,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import NEW, PROMPT, STEPS, compiled_generate, floor_calls, mean_time  # noqa: E402
 from token_intervals import KINDS, BarrierClock, region_edges, split, timed_compile  # noqa: E402
 from torch._inductor.utils import run_and_get_code  # noqa: E402
+
+#: the token loop over a twin called through inductor's Python wrapper and entry (no raw entry)
+WRAPPED = "graph, inductor's entry"
 
 
 def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
@@ -220,7 +224,7 @@ def main() -> None:
         "graph, unchained": token_loop(unchained, ids, 0),
         "graph, pooled tensors": token_loop(pooled_tensors, ids, 0),
         "graph, size asserts": token_loop(asserted, ids, 0),
-        "graph, inductor's entry": token_loop(wrapped, ids, 0),
+        WRAPPED: token_loop(wrapped, ids, 0),
         **({"graph, timed barriers": token_loop(timed[0], ids, 0)} if timed else {}),
         "graph, greedy fed back": token_loop(decode, ids, 0, greedy=True),
         "graph + argmax": token_loop(decode, ids, 1),
@@ -255,7 +259,7 @@ def main() -> None:
     print(f"  serial loops chained          {1e6 * paired('graph only', 'graph, unchained'):6.1f} us (against one OpenMP barrier per loop)")  # fmt: skip
     print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate in inductor's entry; the raw entry takes pointers either way)")  # fmt: skip
     print(f"  no launcher size asserts      {1e6 * paired('graph only', 'graph, size asserts'):6.1f} us (against checking every input on each call)")  # fmt: skip
-    print(f"  launcher's raw entry          {1e6 * paired('graph only', 'graph, inductor' + chr(39) + 's entry'):6.1f} us (against inductor's entry through its Python wrapper)")  # fmt: skip
+    print(f"  launcher's raw entry          {1e6 * paired('graph only', WRAPPED):6.1f} us (against inductor's entry through its Python wrapper)")  # fmt: skip
     print(f"  greedy tokens fed back        {1e6 * paired('graph, greedy fed back', 'graph only'):6.1f} us (the argmax in the graph)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph, greedy fed back'):6.1f} us (an eager argmax instead)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip

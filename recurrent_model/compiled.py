@@ -725,8 +725,8 @@ class CompileState:
             return None
         computed = [o for o, i in zip(out, outputs, strict=True) if i is None]
         direct.boxed = _checked_boxed(direct, per_token, computed)
-        raw = _checked_raw(direct, per_token, computed)
-        direct.raw = None if raw is None else RawCall(raw, direct.inputs)
+        direct.raw = _checked_raw(direct, per_token, computed)
+        raw = None if direct.raw is None else direct.raw.entry
         layouts = _layouts(direct.inputs)
         self.direct[key] = _DirectEntry(captured.run, sources, outputs, direct.boxed, layouts, raw)
         return direct
@@ -749,21 +749,22 @@ def _checked_boxed(
 
 def _checked_raw(
     direct: _DirectGraph, per_token: list[torch.Tensor | None], computed: list[torch.Tensor]
-) -> RawEntry | None:
-    """The raw entry of ``direct``'s checked boxed graph (:mod:`.inductor_raw_entry`) if, called on
-    this token's inputs, it returns exactly the graph's ``computed`` outputs (the same layouts, the
-    same values); else None."""
+) -> RawCall | None:
+    """``direct``'s graph called through the raw entry of its checked boxed graph's launcher
+    (:mod:`.inductor_raw_entry`) if, called on this token's inputs, it returns exactly the graph's
+    ``computed`` outputs (the same layouts, the same values); else None."""
     if direct.boxed is None:
         return None
     entry = RawEntry.load(direct.boxed, computed)
     if entry is None:
         return None
+    call = RawCall(entry, direct.inputs)
     try:
-        again = RawCall(entry, direct.inputs)(direct.token_inputs(tuple(per_token)))
+        again = call(direct.token_inputs(tuple(per_token)))
     except RuntimeError:  # it refused its outputs' sizes or a kernel threw: inductor's entry stays
         return None
     same_layouts = all(a.stride() == b.stride() for a, b in zip(again, computed, strict=True))
-    return entry if same_layouts and _same_tensors(again, computed) else None
+    return call if same_layouts and _same_tensors(again, computed) else None
 
 
 def _same_tensors(a: Any, b: Any) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -147,6 +147,13 @@ def _read(body: list[str]) -> _Launcher:
     return launcher
 
 
+def _extent(sizes: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from a strided tensor's first element to its last, both included (0 if empty)."""
+    if 0 in sizes:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
+
+
 def _output_buffers(launcher: _Launcher) -> dict[str, tuple[int, int]] | None:
     """The buffers made from a pool that become the outputs (an output itself, or the buffer whose
     bytes it takes over): name -> (output index, its bytes, from constant sizes and strides); None
@@ -163,8 +170,7 @@ def _output_buffers(launcher: _Launcher) -> dict[str, tuple[int, int]] | None:
         strides = launcher.constants.get(allocation.strides)
         if sizes is None or strides is None or not len(sizes) == len(strides) == allocation.ndim:
             return None
-        extent = 0 if 0 in sizes else 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
-        made[name] = (index, extent * allocation.item_size)
+        made[name] = (index, _extent(sizes, strides) * allocation.item_size)
     if sorted(index for index, _ in made.values()) != list(range(len(made))):
         return None
     return made
@@ -317,9 +323,7 @@ Layout = tuple[torch.Size, tuple[int, ...], torch.dtype]
 def _extent_bytes(layout: Layout) -> int:
     """Bytes from an output's first element to the end of its last."""
     shape, strides, dtype = layout
-    if 0 in shape:
-        return 0
-    return (1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))) * dtype.itemsize
+    return _extent(shape, strides) * dtype.itemsize
 
 
 class RawEntry(NamedTuple):

@@ -22,9 +22,10 @@ With :func:`serial_chains` among a compile's inductor options:
   barrier still.
 
 Every write before a barrier is visible to every thread after it (the counts' release stores and
-acquire loads), each loop computes what it computed before: the same bits. And with the C++ launcher, a
-kernel is not split at ``MAX_FUSED_KERNEL_ARGS_NUM`` arguments (a limit for ctypes, which only a
-Python launcher uses): a small-preset token is one kernel, one parallel region, instead of two.
+acquire loads), each loop computes what it computed before: the same bits. And with the C++
+launcher, a kernel is not split at ``MAX_FUSED_KERNEL_ARGS_NUM`` arguments (a limit for ctypes,
+which only a Python launcher uses): a small-preset token is one kernel, one parallel region,
+instead of two.
 
 The option is a post-grad pass that leaves the graph unchanged. Inductor keys its graph cache by
 the pass's :meth:`uuid`, so a chained kernel and an unchained one of the same graph never share a
