@@ -173,12 +173,20 @@ def attend(
 
     One query per row inside a compiled CPU graph is written out (products, sums, softmax) so that
     inductor fuses it: torch's fused attention costs ~40 µs a call there for a few thousand FLOPs.
+    The weighted sum of values is split along head_dim into ``ROW_GROUPS`` groups reduced by one
+    loop, for the reason :func:`linear` groups rows: inductor sums each vector of outputs over the
+    keys as one chain of dependent adds, one vector after another, and four groups give the adder
+    four independent chains (each output's sum keeps its order: the same bits).
     """
     if _compiled_cpu_row(q, q.shape[-2]) and not causal:
         scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
+        weights = scores.softmax(-1).unsqueeze(-1)
+        groups = ROW_GROUPS if v.shape[-1] % ROW_GROUPS == 0 else 1
+        return torch.cat(
+            [(weights * part.unsqueeze(-3)).sum(-2) for part in v.chunk(groups, -1)], -1
+        )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 

@@ -132,6 +132,28 @@ def test_one_row_projection_groups_rows_without_changing_any_sum(monkeypatch):
         torch.testing.assert_close(grouped, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
+def test_one_row_attention_groups_values_without_changing_any_sum(monkeypatch):
+    # The weighted sum of values of a compiled one-row attention runs in fn.ROW_GROUPS groups of
+    # head_dim side by side; each output's sum over the keys keeps its order, so the output is
+    # bit-identical to one group (a head_dim that does not split evenly stays one group).
+    from recurrent_model import functional as fn
+
+    g = torch.Generator().manual_seed(0)
+    for head_dim in (64, 18):
+        q, k, v = (torch.randn(1, 2, n, head_dim, generator=g) for n in (1, 40, 40))
+        mask = torch.rand(1, 1, 1, 40, generator=g) > 0.3
+        mask[..., 0] = True
+        outs = {}
+        for groups in (4, 1):
+            monkeypatch.setattr(fn, "ROW_GROUPS", groups)
+            torch._dynamo.reset()
+            outs[groups] = torch.compile(fn.attend, fullgraph=True)(q, k, v, mask, False)
+        assert outs[4].shape == (1, 2, 1, head_dim)
+        assert torch.equal(outs[4], outs[1])
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.testing.assert_close(outs[4], ref, rtol=1e-5, atol=1e-5)
+
+
 def test_long_and_bf16_rows_compile_to_products_without_the_cascade_helper():
     # Inductor sums a reduction longer than fn.CASCADE_LENGTH through a slow pairwise helper; a
     # compiled one-row product with longer rows sums equal parts of whole vectors (float32 partial
