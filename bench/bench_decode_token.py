@@ -12,7 +12,9 @@ new tokens). Each round times, side by side:
   and of one whose launcher checks every input's sizes and strides on each call ("graph, size
   asserts": inductor's default, where the direct callers check instead),
   and of one whose launcher has no raw entry ("graph, inductor's entry": called through inductor's
-  Python wrapper, a handle per input, without ``inductor_raw_entry``);
+  Python wrapper, a handle per input, without ``inductor_raw_entry``), and of one whose attention
+  sums its values in one group ("graph, one value chain": without ``functional.attend``'s groups of
+  the head dimension);
 - that loop with the graph's greedy tokens fed back as the next ids ("graph, greedy fed back"):
   the compiled decode takes the argmax in the graph;
 - that loop with an eager argmax of the logits fed back instead ("graph + argmax"): what the first
@@ -39,6 +41,7 @@ the reverse, round after round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -51,10 +54,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import recurrent_model as rm  # noqa: E402
 from recurrent_model import (  # noqa: E402
     compiled,
+    functional,
     inductor_pool_pointers,
     inductor_raw_entry,
     inductor_serial_chains,
@@ -70,6 +75,8 @@ from torch._inductor.utils import run_and_get_code  # noqa: E402
 
 #: the token loop over a twin called through inductor's Python wrapper and entry (no raw entry)
 WRAPPED = "graph, inductor's entry"
+#: the token loop over a twin whose attention sums its values in one group (:func:`one_value_chain`)
+ONE_CHAIN = "graph, one value chain"
 
 
 def compiled_token(model: rm.RecurrentLM, ids: torch.Tensor) -> CompiledDecode:
@@ -93,15 +100,33 @@ def model_copy(model: rm.RecurrentLM) -> rm.RecurrentLM:
 
 
 def twin_token(
-    model: rm.RecurrentLM, ids: torch.Tensor, without: dict[str, object]
+    model: rm.RecurrentLM, ids: torch.Tensor, baseline: contextlib.AbstractContextManager
 ) -> CompiledDecode:
-    """:func:`compiled_token` for a copy of ``model`` compiled with ``compiled.cpu_options`` less the
-    inductor options ``without`` (a code generator's ``compile_options()``): its baseline."""
+    """:func:`compiled_token` for a copy of ``model`` compiled inside ``baseline``."""
     twin = model_copy(model)
-    options = {k: v for k, v in compiled.cpu_options().items() if k not in without}
-    with mock.patch.object(compiled, "cpu_options", lambda: options):
+    with baseline:
         compiled_generate(twin, ids)
         return compiled_token(twin, ids)
+
+
+def without_options(without: dict[str, object]) -> contextlib.AbstractContextManager:
+    """Compiles with ``compiled.cpu_options`` less the inductor options ``without`` (a code
+    generator's ``compile_options()``)."""
+    options = {k: v for k, v in compiled.cpu_options().items() if k not in without}
+    return mock.patch.object(compiled, "cpu_options", lambda: options)
+
+
+def one_value_chain(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
+    """``functional.attend`` with the weighted sum of values in one group: inductor sums each
+    output vector over the keys as one chain after another (the baseline of the grouped values)."""
+    if not functional._compiled_cpu_row(q, q.shape[-2]) or causal:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
 
 
 def timed_token(
@@ -211,10 +236,13 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(1))  # fmt: skip
     compiled_generate(model, ids)  # compiles every graph the rounds use
     decode = compiled_token(model, ids)
-    unchained = twin_token(model, ids, inductor_serial_chains.compile_options())
-    pooled_tensors = twin_token(model, ids, inductor_pool_pointers.compile_options())
-    asserted = twin_token(model, ids, {"size_asserts": False})
-    wrapped = twin_token(model, ids, inductor_raw_entry.compile_options())
+    unchained = twin_token(model, ids, without_options(inductor_serial_chains.compile_options()))
+    pooled_tensors = twin_token(
+        model, ids, without_options(inductor_pool_pointers.compile_options())
+    )
+    asserted = twin_token(model, ids, without_options({"size_asserts": False}))
+    wrapped = twin_token(model, ids, without_options(inductor_raw_entry.compile_options()))
+    one_chain = twin_token(model, ids, mock.patch.object(functional, "attend", one_value_chain))
     floors, nbytes = floor_calls(model, STEPS)
     clock = BarrierClock(args.threads) if args.intervals else None
     timed = timed_token(model, ids, clock) if clock else None
@@ -225,6 +253,7 @@ def main() -> None:
         "graph, pooled tensors": token_loop(pooled_tensors, ids, 0),
         "graph, size asserts": token_loop(asserted, ids, 0),
         WRAPPED: token_loop(wrapped, ids, 0),
+        ONE_CHAIN: token_loop(one_chain, ids, 0),
         **({"graph, timed barriers": token_loop(timed[0], ids, 0)} if timed else {}),
         "graph, greedy fed back": token_loop(decode, ids, 0, greedy=True),
         "graph + argmax": token_loop(decode, ids, 1),
@@ -260,6 +289,7 @@ def main() -> None:
     print(f"  pool pointers                 {1e6 * paired('graph only', 'graph, pooled tensors'):6.1f} us (against a tensor per pooled intermediate in inductor's entry; the raw entry takes pointers either way)")  # fmt: skip
     print(f"  no launcher size asserts      {1e6 * paired('graph only', 'graph, size asserts'):6.1f} us (against checking every input on each call)")  # fmt: skip
     print(f"  launcher's raw entry          {1e6 * paired('graph only', WRAPPED):6.1f} us (against inductor's entry through its Python wrapper)")  # fmt: skip
+    print(f"  grouped values                {1e6 * paired('graph only', ONE_CHAIN):6.1f} us (attention's weighted sum of values in groups of the head dimension, against one chain per output vector)")  # fmt: skip
     print(f"  greedy tokens fed back        {1e6 * paired('graph, greedy fed back', 'graph only'):6.1f} us (the argmax in the graph)")  # fmt: skip
     print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph, greedy fed back'):6.1f} us (an eager argmax instead)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
