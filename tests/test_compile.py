@@ -139,8 +139,8 @@ def test_one_row_attention_groups_values_without_changing_any_sum(monkeypatch):
     from recurrent_model import functional as fn
 
     g = torch.Generator().manual_seed(0)
-    for head_dim in (64, 18):
-        q, k, v = (torch.randn(1, 2, n, head_dim, generator=g) for n in (1, 40, 40))
+    for head_dim, dtype in ((64, torch.float32), (18, torch.float32), (64, torch.bfloat16)):
+        q, k, v = (torch.randn(1, 2, n, head_dim, generator=g).to(dtype) for n in (1, 40, 40))
         mask = torch.rand(1, 1, 1, 40, generator=g) > 0.3
         mask[..., 0] = True
         outs = {}
@@ -148,10 +148,11 @@ def test_one_row_attention_groups_values_without_changing_any_sum(monkeypatch):
             monkeypatch.setattr(fn, "ROW_GROUPS", groups)
             torch._dynamo.reset()
             outs[groups] = torch.compile(fn.attend, fullgraph=True)(q, k, v, mask, False)
-        assert outs[4].shape == (1, 2, 1, head_dim)
+        assert outs[4].shape == (1, 2, 1, head_dim) and outs[4].dtype == dtype
         assert torch.equal(outs[4], outs[1])
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        torch.testing.assert_close(outs[4], ref, rtol=1e-5, atol=1e-5)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(outs[4], ref, rtol=tol, atol=tol)
 
 
 def test_long_and_bf16_rows_compile_to_products_without_the_cascade_helper():
