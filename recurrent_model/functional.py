@@ -172,11 +172,11 @@ def attend(
     """softmax(q kᵀ / sqrt(head_dim) + mask) v over (B, heads, T, head_dim); mask True = attend.
 
     One query per row inside a compiled CPU graph is written out (products, sums, softmax) so that
-    inductor fuses it: torch's fused attention costs ~40 µs a call there for a few thousand FLOPs.
-    The weighted sum of values is split along head_dim into ``ROW_GROUPS`` groups reduced by one
-    loop, for the reason :func:`linear` groups rows: inductor sums each vector of outputs over the
-    keys as one chain of dependent adds, one vector after another, and four groups give the adder
-    four independent chains (each output's sum keeps its order: the same bits).
+    inductor fuses it: a call of torch's fused attention there costs far more than its few thousand
+    FLOPs. The weighted sum of values is split along head_dim into ``ROW_GROUPS`` groups reduced by
+    one loop, for the reason :func:`linear` groups rows: inductor sums each vector of outputs over
+    the keys as one chain of dependent adds, one vector after another, and four groups give the
+    adder four independent chains (each output's sum keeps its order: the same bits).
     """
     if _compiled_cpu_row(q, q.shape[-2]) and not causal:
         scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5
