@@ -249,7 +249,18 @@ def _source_name(source: Any) -> str:
 # size_asserts off: dynamo's guards check the inputs of every guarded call and the direct decode
 # callers check theirs once per caller or per token (_DirectEntry.caller, CompiledDecode.token),
 # where the launcher would check all ~60 of a token's inputs on every call.
-CPU_OPTIONS = {"cpp_wrapper": True, "memory_planning": True, "size_asserts": False}
+# cpp.min_chunk_size: inductor splits a loop between the threads only when each gets at least this
+# many elements (512 by default), and runs a smaller one on one thread while the others wait at the
+# next barrier. A pointwise loop between two shared loops (the small preset's MLP activation, 704
+# values between its two products) waits at the same barriers either way, so splitting it halves
+# its time; 352 splits that one and keeps the 512-value loops inside serial chains (RoPE, cache
+# writes) whole, where splitting would add barriers.
+CPU_OPTIONS = {
+    "cpp_wrapper": True,
+    "memory_planning": True,
+    "size_asserts": False,
+    "cpp.min_chunk_size": 352,
+}
 
 
 def cpu_options() -> dict[str, Any]:

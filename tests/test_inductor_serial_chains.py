@@ -172,3 +172,31 @@ def test_a_compiled_kernel_chains_its_serial_loops_and_computes_the_same_bits():
         if event == "master":
             assert unsynced != "for", "a chain read a shared loop's results without a barrier"
         unsynced = None if event in ("parallel", "barrier") else event
+
+
+def _activation_between_products(x, w1, w2):
+    from recurrent_model import functional as fn
+
+    gate, up = fn.linear(x, w1).chunk(2, -1)  # shared between the threads: rows split
+    return fn.linear(torch.nn.functional.silu(gate) * up, w2)
+
+
+def test_an_activation_between_two_products_is_split_between_the_threads():
+    # 704 values between two shared loops: inductor's default (512 per thread) runs them on one
+    # thread while the other waits at the next barrier; CPU_OPTIONS' smaller chunk splits them,
+    # without an extra barrier and with the same bits.
+    g = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(1, 1, 256, generator=g), torch.randn(1408, 256, generator=g),
+              torch.randn(256, 704, generator=g))  # fmt: skip
+    assert cpu_options()["cpp.min_chunk_size"] == CPU_OPTIONS["cpp.min_chunk_size"] < 512
+    whole, whole_code = compiled_with_code(
+        _activation_between_products, {**cpu_options(), "cpp.min_chunk_size": 512}, inputs, 2
+    )
+    split, split_code = compiled_with_code(_activation_between_products, cpu_options(), inputs, 2)
+    assert torch.equal(split, whole)
+    one_thread = re.compile(r"#pragma omp (?:single|master)")
+    assert len(one_thread.findall(split_code)) < len(one_thread.findall(whole_code))
+    shared = re.compile(r"#pragma omp for")
+    assert len(shared.findall(split_code)) == len(shared.findall(whole_code)) + 1
+    barriers = re.compile(r"\bbarrier_\d+\(\);|#pragma omp barrier")
+    assert len(barriers.findall(split_code)) <= len(barriers.findall(whole_code))
