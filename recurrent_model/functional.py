@@ -85,6 +85,12 @@ def _compiled_cpu_row(x: torch.Tensor, rows: int) -> bool:
 ROW_GROUPS = 4
 
 
+def _groups(length: int) -> int:
+    """How many equal groups of ``length`` outputs one loop reduces side by side: ``ROW_GROUPS``
+    where they divide it, else one."""
+    return ROW_GROUPS if length % ROW_GROUPS == 0 else 1
+
+
 #: Weight shapes (out, in) whose compiled one-row products use torch's matrix-vector product.
 MatvecShapes = Collection[tuple[int, int]]
 
@@ -109,8 +115,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, matvec: MatvecShapes = ()) -> 
     if _compiled_cpu_row(x, rows) and (weight.shape[0], weight.shape[1]) not in matvec:
         x = x.contiguous()
         x = x.as_strided(x.shape, x.stride()).unsqueeze(-2)
-        groups = ROW_GROUPS if weight.shape[0] % ROW_GROUPS == 0 else 1
-        return torch.cat([_row_sums(x, rows) for rows in weight.chunk(groups)], -1)
+        return torch.cat(
+            [_row_sums(x, rows) for rows in weight.chunk(_groups(weight.shape[0]))], -1
+        )
     return F.linear(x, weight)
 
 
@@ -183,10 +190,8 @@ def attend(
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = scores.softmax(-1).unsqueeze(-1)
-        groups = ROW_GROUPS if v.shape[-1] % ROW_GROUPS == 0 else 1
-        return torch.cat(
-            [(weights * part.unsqueeze(-3)).sum(-2) for part in v.chunk(groups, -1)], -1
-        )
+        parts = v.chunk(_groups(v.shape[-1]), -1)
+        return torch.cat([(weights * part.unsqueeze(-3)).sum(-2) for part in parts], -1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
