@@ -15,8 +15,9 @@ new tokens). Each round times, side by side:
   Python wrapper, a handle per input, without ``inductor_raw_entry``), and of one whose attention
   sums its values in one group ("graph, one value chain": without ``functional.attend``'s groups of
   the head dimension);
-- that loop with the graph's greedy tokens fed back as the next ids ("graph, greedy fed back"):
-  the compiled decode takes the argmax in the graph;
+- that loop with the graph's greedy tokens fed back as the next ids, the results written into two
+  sets of buffers in turn as generate writes them ("graph, greedy fed back"), and into new tensors
+  per token ("graph, greedy, new results"): the compiled decode takes the argmax in the graph;
 - that loop with an eager argmax of the logits fed back instead ("graph + argmax"): what the first
   op after a token costs, and with a second, identical argmax ("+ the same op again") what it costs
   warm;
@@ -199,24 +200,33 @@ def print_region_edges(decode: CompiledDecode, ids: torch.Tensor, clock: Barrier
 
 
 def token_loop(
-    decode: CompiledDecode, ids: torch.Tensor, argmaxes: int, greedy: bool = False
+    decode: CompiledDecode,
+    ids: torch.Tensor,
+    argmaxes: int,
+    greedy: bool = False,
+    reuse: bool = False,
 ) -> Callable[[], float]:
     """Seconds per token of NEW - 1 compiled tokens with ``argmaxes`` eager greedy argmaxes after
     each (the first fed back as the next input), or with the graph's own ``greedy`` tokens fed
-    back; neither: the input stays fixed."""
+    back; neither: the input stays fixed. ``reuse``: the results written into two sets of
+    buffers in turn, the greedy tokens fed back through views made once, as generate does."""
 
     @torch.inference_mode()
     def run() -> float:
         x = ids[:, -1:]
+        sets = [decode.output_buffers() for _ in range(2)] if reuse else [None, None]
+        if reuse and None in sets:
+            raise RuntimeError("this compiled token has no raw entry to write into buffers")
+        views = {s.tensors[-1]: s.tensors[-1][:, None] for s in sets if s is not None}
         t0 = time.perf_counter()
         for position in range(PROMPT - 1, PROMPT + NEW - 2):
-            logits, _, chosen = decode.token(x, position, None)
+            logits, _, chosen = decode.token(x, position, None, sets[position % 2])
             for _ in range(argmaxes):
                 token = logits[:, -1].argmax(-1)
             if argmaxes:
                 x = token[:, None]
             elif greedy:
-                x = chosen[:, None]
+                x = views[chosen] if reuse else chosen[:, None]
         return (time.perf_counter() - t0) / (NEW - 1)
 
     return run
@@ -255,7 +265,8 @@ def main() -> None:
         WRAPPED: token_loop(wrapped, ids, 0),
         ONE_CHAIN: token_loop(one_chain, ids, 0),
         **({"graph, timed barriers": token_loop(timed[0], ids, 0)} if timed else {}),
-        "graph, greedy fed back": token_loop(decode, ids, 0, greedy=True),
+        "graph, greedy fed back": token_loop(decode, ids, 0, greedy=True, reuse=True),
+        "graph, greedy, new results": token_loop(decode, ids, 0, greedy=True),
         "graph + argmax": token_loop(decode, ids, 1),
         "+ the same op again": token_loop(decode, ids, 2),
         "products alone": lambda: mean_time(floors["compiled"], NEW - 1),
@@ -290,8 +301,9 @@ def main() -> None:
     print(f"  no launcher size asserts      {1e6 * paired('graph only', 'graph, size asserts'):6.1f} us (against checking every input on each call)")  # fmt: skip
     print(f"  launcher's raw entry          {1e6 * paired('graph only', WRAPPED):6.1f} us (against inductor's entry through its Python wrapper)")  # fmt: skip
     print(f"  grouped values                {1e6 * paired('graph only', ONE_CHAIN):6.1f} us (attention's weighted sum of values in groups of the head dimension, against one chain per output vector)")  # fmt: skip
-    print(f"  greedy tokens fed back        {1e6 * paired('graph, greedy fed back', 'graph only'):6.1f} us (the argmax in the graph)")  # fmt: skip
-    print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph, greedy fed back'):6.1f} us (an eager argmax instead)")  # fmt: skip
+    print(f"  greedy tokens fed back        {1e6 * paired('graph, greedy, new results', 'graph only'):6.1f} us (the argmax in the graph)")  # fmt: skip
+    print(f"  reused result buffers         {1e6 * paired('graph, greedy fed back', 'graph, greedy, new results'):6.1f} us (two sets written in turn, against new result tensors per token)")  # fmt: skip
+    print(f"  first op after the graph      {1e6 * paired('graph + argmax', 'graph, greedy, new results'):6.1f} us (an eager argmax instead)")  # fmt: skip
     print(f"  the same op again (warm)      {1e6 * paired('+ the same op again', 'graph + argmax'):6.1f} us")  # fmt: skip
     print(f"  rest of generate's host work  {1e6 * paired('generate(compile=True)', 'graph, greedy fed back'):6.1f} us")  # fmt: skip
     if timed:

@@ -46,7 +46,7 @@ from . import functional as fn
 from . import inductor_pool_pointers, inductor_raw_entry, inductor_serial_chains, stack
 from .inductor_boxed import boxed_graph
 from .inductor_isa import isa_options
-from .inductor_raw_entry import RawCall, RawEntry
+from .inductor_raw_entry import OutputBuffers, RawCall, RawEntry
 from .kv_cache import KVCache, attention_mask, check_fits
 from .stack import LayerStack
 from .torch_release import torch_release
@@ -388,9 +388,13 @@ class _DirectGraph:
             inputs[i] = value
         return inputs
 
-    def __call__(self, *per_token: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    def __call__(
+        self, *per_token: torch.Tensor | None, into: OutputBuffers | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """The piece's results for this token's per-token arguments: its computed ones in ``into``
+        (the raw call's :meth:`~RawCall.buffers`) where the raw entry runs, else in new tensors."""
         if self.raw is not None and torch.is_inference_mode_enabled():
-            computed = iter(self.raw(self.token_inputs(per_token)))
+            computed = iter(self.raw(self.token_inputs(per_token), into))
         elif self.boxed is not None and torch.is_inference_mode_enabled():
             computed = iter(self.boxed(self.boxed_inputs(per_token)))
         else:
@@ -929,9 +933,17 @@ class CompiledDecode:
         if self.mode == "reduce-overhead":  # a new CUDA-graph tree step: earlier outputs are done
             torch.compiler.cudagraph_mark_step_begin()
 
-    def token(self, ids: torch.Tensor, start: int, state: torch.Tensor | None) -> DecodedToken:
+    def token(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        state: torch.Tensor | None,
+        into: OutputBuffers | None = None,
+    ) -> DecodedToken:
         """One decode token, ids (B, 1) at position ``start`` from s_0 = ``state`` (None: zeros):
-        the graphs of ``pieces`` in turn, with as little host work as possible."""
+        the graphs of ``pieces`` in turn, with as little host work as possible. ``into``
+        (:meth:`output_buffers`): where the last piece writes its results when it runs through
+        its raw entry (the caller keeps them no longer than it reuses them), else new tensors."""
         if ids.shape != self.token_shape or ids.dtype != torch.long:
             raise ValueError(f"a decode token takes {self.token_shape} int64 ids, got "
                              f"{tuple(ids.shape)} {ids.dtype}")  # fmt: skip
@@ -950,10 +962,11 @@ class CompiledDecode:
             state = state.contiguous()
         positions, key_valid, keys = self.positions[start], self.cache.key_valid, self.keys[start]
         out: tuple[torch.Tensor, ...] = ()
+        last = len(self.pieces) - 1
         for i, piece in enumerate(self.pieces):
             direct = self.direct.get(i)
             if direct is not None and state.dtype == self.dtype:
-                out = direct(x, positions, state, key_valid, keys)
+                out = direct(x, positions, state, key_valid, keys, into=into if i == last else None)
             else:
                 key = (*self.shape_key, key_valid is None, self.weights.matvec, *piece.key)
                 args = (self.weights, x, positions, self.rope, state, piece.slots, key_valid, keys,
@@ -961,6 +974,12 @@ class CompiledDecode:
                 out = self._compiled_piece(i, key, args)
             state, x = out[0], out[1]
         return DecodedToken(*out)  # the last piece's (logits, latents, greedy tokens)
+
+    def output_buffers(self) -> OutputBuffers | None:
+        """Tensors for :meth:`token`'s ``into``, once its last piece is called through a raw entry
+        (from its second token on); else None."""
+        direct = self.direct.get(len(self.pieces) - 1)
+        return None if direct is None or direct.raw is None else direct.raw.buffers()
 
     def _compiled_piece(self, i: int, key: tuple, args: tuple) -> tuple[torch.Tensor, ...]:
         """Piece ``i`` through its compiled graph for ``key``: called directly when one was found

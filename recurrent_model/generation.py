@@ -23,6 +23,7 @@ from .sampling import ExitCriterion, Sampler
 from .stack import StepOutcome
 
 if TYPE_CHECKING:
+    from .inductor_raw_entry import OutputBuffers
     from .model import RecurrentLM
 
 __all__ = ["CompileConflict", "GenerationConfig", "GenerationOutput", "Streamer", "generate"]
@@ -221,6 +222,10 @@ class _Run:
         self.new_steps = self.steps.unbind(1)
         self.finished = torch.zeros(B, dtype=torch.bool, device=model.device)
         self.stop_tokens = torch.tensor(cfg.stop_tokens, dtype=torch.long, device=model.device)
+        self.stops = bool(cfg.stop_tokens)  # without stop tokens no row ever finishes early
+        # two sets of results that the compiled tokens write in turn (one token reads the other's)
+        self.buffers: list[OutputBuffers] = []
+        self.id_views: dict[torch.Tensor, torch.Tensor] = {}  # the buffers' greedy tokens as ids
         self.pad = pad_token_id
         self.streamer = streamer
         self.scores: list[torch.Tensor] | None = [] if cfg.output_scores else None
@@ -281,7 +286,10 @@ class _Run:
         greedy tokens (B,) where the compiled decode took them in its graph, else None)."""
         crit = self.criterion
         if crit is None and self.compiled is not None:  # fixed depth: the compiled decode's
-            out = self.compiled.token(ids, pos, self._compiled_s0(ids, warm))
+            into = self.buffers[self.n % 2] if self.buffers else None
+            out = self.compiled.token(ids, pos, self._compiled_s0(ids, warm), into)
+            if not self.buffers:
+                self.buffers = [b for b in (self.compiled.output_buffers() for _ in "ab") if b]
             return out.logits, out.latents, self.cfg.num_steps, out.greedy
         if crit is None:
             logits, latents = self.chunk(ids, pos, self.cfg.num_steps, warm)
@@ -298,7 +306,7 @@ class _Run:
     def emit(self, tokens: torch.Tensor, steps: torch.Tensor | int, logits: torch.Tensor) -> bool:
         """Append one token per row (``logits`` (B, 1, V) of its position, kept for
         ``output_scores``); True when generation is over (all stopped or length reached)."""
-        stops = self.stop_tokens.numel() > 0  # without stop tokens no row ever finishes early
+        stops = self.stops
         if stops:
             tokens = torch.where(self.finished, self.pad, tokens)
             steps = torch.where(self.finished, 0, torch.as_tensor(steps, device=tokens.device))
@@ -349,8 +357,18 @@ class _Run:
             tokens = self._choose(logits, greedy)
             if self.emit(tokens, steps, logits):
                 return
-            x, pos = tokens[:, None], pos + 1
+            x, pos = self._ids(tokens), pos + 1
             warm = latents if self.cfg.continuous_compute else None
+
+    def _ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` (B,) as the next ids (B, 1); for the buffers' greedy tokens a view made once
+        (a dict keyed by tensor compares identities)."""
+        view = self.id_views.get(tokens)
+        if view is None:
+            view = tokens[:, None]
+            if any(tokens is t for b in self.buffers for t in b.tensors):
+                self.id_views[tokens] = view
+        return view
 
     def _choose(self, logits: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
         """The next token per row (B,): ``greedy`` where the graph took the argmax and the sampler

@@ -350,10 +350,20 @@ class RawEntry(NamedTuple):
         return cls(function, tuple((o.shape, o.stride(), o.dtype) for o in outputs))
 
 
+class OutputBuffers(NamedTuple):
+    """Output tensors of one :class:`RawCall`, made once (:meth:`RawCall.buffers`): every call given
+    them as ``into`` writes its outputs there instead of into new tensors."""
+
+    tensors: tuple[torch.Tensor, ...]
+    layouts: tuple[Layout, ...]  # the entry's own tuple: whose outputs these are
+    pointers: Any  # the ctypes array of the tensors' addresses
+    address: int  # that array's
+
+
 class RawCall:
     """A graph called through its :class:`RawEntry`: the fixed inputs' addresses written once, the
-    others on each call, each call's outputs new tensors, the scratch pools kept between calls (so
-    one call at a time, like the decode cache the graph writes)."""
+    others on each call, the outputs new tensors or :meth:`buffers` kept by the caller, the scratch
+    pools kept between calls (so one call at a time, like the decode cache the graph writes)."""
 
     def __init__(self, entry: RawEntry, inputs: list[torch.Tensor | None]) -> None:
         """``inputs``: the graph's inputs, None for those given on each call."""
@@ -366,28 +376,46 @@ class RawCall:
         self.output_pointers = (ctypes.c_void_p * n)()
         self.output_bytes = (ctypes.c_int64 * n)(*map(_extent_bytes, entry.layouts))
         # the arrays' addresses as plain integers: ctypes converts those fastest
-        self.arrays = tuple(map(ctypes.addressof, (self.pointers, self.output_pointers,
-                                                   self.output_bytes)))  # fmt: skip
+        self.input_at = ctypes.addressof(self.pointers)
+        self.output_at = ctypes.addressof(self.output_pointers)
+        self.bytes_at = ctypes.addressof(self.output_bytes)
         self.scratch = torch.empty(0, dtype=torch.uint8)
         self.scratch_at = (self.scratch.data_ptr(), 0)
 
-    def _run(self) -> int:
-        return self.entry.function(*self.arrays, *self.scratch_at)
+    def buffers(self) -> OutputBuffers:
+        """New output tensors for ``into``, laid out as the entry's outputs."""
+        layouts = self.entry.layouts
+        tensors = tuple(torch.empty_strided(s, st, dtype=d) for s, st, d in layouts)
+        pointers = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        return OutputBuffers(tensors, layouts, pointers, ctypes.addressof(pointers))
 
-    def __call__(self, per_call: Iterable[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
+    def _run(self, outputs_at: int) -> int:
+        return self.entry.function(self.input_at, outputs_at, self.bytes_at, *self.scratch_at)
+
+    def __call__(
+        self, per_call: Iterable[tuple[int, torch.Tensor]], into: OutputBuffers | None = None
+    ) -> Sequence[torch.Tensor]:
         """Run the graph with input ``i`` at the address of each ``(i, tensor)`` of ``per_call``
         (every input not fixed at construction; an integer input: a 0-dim int64 tensor holding
-        it): its outputs."""
+        it): its outputs, written into ``into`` (this call's :meth:`buffers`) or new tensors."""
         for i, tensor in per_call:
             self.pointers[i] = tensor.data_ptr()
-        outputs = [torch.empty_strided(s, st, dtype=d) for s, st, d in self.entry.layouts]
-        for j, out in enumerate(outputs):
-            self.output_pointers[j] = out.data_ptr()
-        code = self._run()
+        if into is None:
+            outputs: Sequence[torch.Tensor] = [
+                torch.empty_strided(s, st, dtype=d) for s, st, d in self.entry.layouts
+            ]
+            for j, out in enumerate(outputs):
+                self.output_pointers[j] = out.data_ptr()
+            outputs_at = self.output_at
+        elif into.layouts is self.entry.layouts:
+            outputs, outputs_at = into.tensors, into.address
+        else:
+            raise ValueError("output buffers made by another raw call")
+        code = self._run(outputs_at)
         if code > 0:  # its pools need more scratch than it had: nothing ran
             self.scratch = torch.empty(code, dtype=torch.uint8)
             self.scratch_at = (self.scratch.data_ptr(), code)
-            code = self._run()
+            code = self._run(outputs_at)
         if code != 0:
             problem = {TOO_SMALL: "an output is smaller than its buffer", FAILED: "a kernel threw"}
             raise RuntimeError(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import recurrent_model as rm
+from recurrent_model import compiled as C
 from recurrent_model import hook_names
 from recurrent_model import inductor_raw_entry as raw_entry
 
@@ -53,7 +54,6 @@ def test_compiled_decode_gives_the_eager_tokens(batch, steps, budget, monkeypatc
     # Batch 1 takes the CPU's sum-written projections and attention, batch 2 torch's kernels;
     # with at most 3 iterations unrolled, 6 run as prelude, two chunks of 3 and coda (separate
     # graphs), here over a budgeted cache whose core slots repeat within a chunk.
-    from recurrent_model import compiled as C
 
     monkeypatch.setattr(C, "MAX_UNROLLED_STEPS", 3)
     torch.manual_seed(0)
@@ -297,6 +297,42 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not (raw_entry.supported() and C.direct_calls_supported()),
+                    reason="checked torch releases only")  # fmt: skip
+@pytest.mark.parametrize("continuous", [False, True])
+def test_generate_reuses_two_sets_of_token_results_in_turn(continuous, monkeypatch):
+    # From the second token on the compiled token writes its results into one of two sets of
+    # buffers, in turn: each token reads the previous one's set (its ids, with continuous compute
+    # its latents) while writing the other. The graph is the depth-3 one of the tests above.
+    torch.manual_seed(0)
+    cfg = rm.preset("tiny")
+    model = rm.RecurrentLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    kw = dict(num_steps=3, stop_tokens=(), init_scale=0.0, continuous_compute=continuous,
+              output_scores=True, return_details=True)  # fmt: skip
+    eager = model.generate(ids, 6, **kw)
+    model.generate(ids, 6, compile=True, **kw)  # compiles and chooses the products: tokens too
+    token, calls = C.CompiledDecode.token, []
+
+    def spied(self, ids, start, state, into=None):
+        out = token(self, ids, start, state, into)
+        calls.append((ids, state, into, out))
+        return out
+
+    monkeypatch.setattr(C.CompiledDecode, "token", spied)
+    compiled = model.generate(ids, 6, compile=True, **kw)
+    assert torch.equal(compiled.sequences, eager.sequences)
+    torch.testing.assert_close(compiled.scores, eager.scores, rtol=1e-4, atol=1e-4)
+    intos = [into for _, _, into, _ in calls]
+    a, b = intos[1], intos[2]
+    assert intos == [None, a, b, a, b, a] and a is not None and b is not None and a is not b
+    for (_, _, into, out), (ids, state, _, _) in zip(calls[1:], calls[2:]):
+        assert all(x is y for x, y in zip(out, into.tensors, strict=True))
+        assert ids.data_ptr() == out.greedy.data_ptr() and ids.stride() == (1, 1)
+        assert (state is out.latents) == continuous
+
+
+@pytest.mark.slow
 def test_compiled_sampling_draws_from_the_logits_not_the_graphs_greedy_tokens():
     # One generator draws s_0 and the tokens in the same order on both paths, so the compiled
     # decode samples the eager tokens; the greedy tokens the graph also returns are not used.
@@ -418,7 +454,6 @@ def test_key_ranges_cover_each_position_in_blocks_and_keep_the_whole_length_stat
 def test_one_decode_graph_serves_every_key_count_from_a_full_first_token_on(monkeypatch):
     # A decode whose first compiled token reads the whole cache (prompt 60 of 64) must not fix the
     # key count: a later call starting early in the cache and running to its end reuses the graph.
-    from recurrent_model import compiled as C
 
     built = []
     record = C._RecordingInductor.__call__
@@ -460,7 +495,6 @@ def test_graph_input_sources_resolve_to_the_piece_arguments():
 
 
 def test_direct_calls_fall_back_with_one_note_on_an_unchecked_torch(monkeypatch):
-    from recurrent_model import compiled as C
 
     monkeypatch.setattr(C, "DIRECT_CALL_TORCH", ((1, 0),))
     state = C.CompileState()
@@ -489,7 +523,6 @@ def test_compile_state_is_per_model():
 
 
 def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monkeypatch):
-    from recurrent_model import compiled as C
 
     calls = []
 
@@ -513,7 +546,6 @@ def test_each_projection_shape_is_measured_once_and_the_faster_product_kept(monk
 def _square_matvec(monkeypatch):
     """Product timings in which torch's product is faster for the square (attention output)
     weights only."""
-    from recurrent_model import compiled as C
 
     def fake_timing(shape, dtype, functions):
         square = shape[0] == shape[1]
@@ -526,7 +558,6 @@ def _square_matvec(monkeypatch):
 def test_products_faster_alone_are_kept_only_when_the_whole_token_is_faster(monkeypatch, faster):
     # Torch's product leaves the token's fused kernel, so a shape where it is faster alone goes to
     # a check on whole tokens; the decision is made once per token graph.
-    from recurrent_model import compiled as C
 
     _square_matvec(monkeypatch)
     calls = []
@@ -553,7 +584,6 @@ def test_products_faster_alone_are_kept_only_when_the_whole_token_is_faster(monk
 
 @pytest.mark.slow
 def test_the_token_check_runs_both_tokens_and_leaves_the_cache_as_it_was(monkeypatch):
-    from recurrent_model import compiled as C
 
     _square_matvec(monkeypatch)
     monkeypatch.setattr(C, "TOKEN_CHECK_ROUNDS", 1)
@@ -582,7 +612,6 @@ def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
     # Each shape's timing graph lives on a code object of its own and is traced once, from inside
     # inference mode or not, so a low dynamo limit (the depth sweep above, a process that times
     # many models) does not stop the measurement.
-    from recurrent_model import compiled as C
 
     monkeypatch.setattr(C, "PRODUCT_COPIES", 2)
     monkeypatch.setattr(C, "PRODUCT_REPEATS", 1)
@@ -599,7 +628,6 @@ def test_product_timing_compiles_past_a_low_recompile_limit(monkeypatch):
 
 
 def test_a_matvec_within_the_measurement_margin_leaves_the_sum_written_product(monkeypatch):
-    from recurrent_model import compiled as C
 
     def close(shape, dtype, functions):  # torch's product faster, but by less than the margin
         return C.ProductTiming(({"sum": 1.0, "matvec": (1 + C.MATVEC_MARGIN) / 2},))
@@ -609,7 +637,6 @@ def test_a_matvec_within_the_measurement_margin_leaves_the_sum_written_product(m
 
 
 def test_one_disturbed_round_does_not_choose_the_product():
-    from recurrent_model import compiled as C
 
     def timing(*rounds: tuple[float, float]) -> C.ProductTiming:
         return C.ProductTiming(tuple({"sum": s, "matvec": m} for s, m in rounds))

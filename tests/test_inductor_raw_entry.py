@@ -191,9 +191,11 @@ def test_a_decode_token_through_the_raw_entry_gives_inductors_bits():
                      dec.keys[position])  # fmt: skip
             through_raw = direct.raw(direct.token_inputs(token))
             through_inductor = direct.boxed(direct.boxed_inputs(token))
-            assert len(through_raw) == len(through_inductor) == 3
-            for a, b in zip(through_raw, through_inductor, strict=True):
-                assert a.stride() == b.stride() and torch.equal(a, b)
+            into = direct.raw(direct.token_inputs(token), direct.raw.buffers())
+            assert len(through_raw) == len(through_inductor) == len(into) == 3
+            for a, b, c in zip(through_raw, through_inductor, into, strict=True):
+                assert a.stride() == b.stride() == c.stride() and torch.equal(a, b)
+                assert torch.equal(c, b)
         direct.raw.output_bytes[0] -= 1  # an output smaller than its buffer: refused
         with pytest.raises(RuntimeError, match="an output is smaller than its buffer"):
             direct.raw(direct.token_inputs(token))
@@ -244,3 +246,27 @@ def test_no_raw_entry_without_a_launcher_library_or_its_symbol(monkeypatch):
     assert RawEntry.load(lambda inputs: inputs, []) is None
     monkeypatch.setattr(raw_entry.ctypes, "CDLL", lambda path: object())  # loaded, no SYMBOL
     assert RawEntry.load(lambda inputs: inputs, []) is None
+
+
+def test_a_raw_call_writes_into_its_own_buffers_and_refuses_anothers():
+    def write_call_count(inputs, outputs, output_bytes, scratch, scratch_bytes):
+        first_output = ctypes.c_void_p.from_address(outputs).value
+        written.append(first_output)
+        value = ctypes.c_float(float(len(written)))
+        ctypes.memmove(first_output, ctypes.addressof(value), 4)
+        return 0
+
+    written: list[int] = []
+    layouts = ((torch.Size([1]), (1,), torch.float32),)
+    call = raw_entry.RawCall(RawEntry(write_call_count, layouts), [None])
+    x = torch.zeros(1)
+    first = call([(0, x)])[0]  # a new tensor
+    into = call.buffers()
+    again = call([(0, x)], into)[0]
+    assert again is into.tensors[0] and written[-1] == again.data_ptr() != first.data_ptr()
+    assert call([(0, x)], into)[0] is again and again.item() == 3.0  # the same tensor, rewritten
+    assert first.item() == 1.0 and call([(0, x)])[0] is not again  # new tensors still on request
+    twin = raw_entry.RawCall(RawEntry(write_call_count, tuple(list(layouts))), [None])  # equal
+    with pytest.raises(ValueError, match="another raw call"):
+        twin([(0, x)], into)
+    assert len(written) == 4  # the refusal ran nothing
