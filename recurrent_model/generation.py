@@ -223,8 +223,10 @@ class _Run:
         self.finished = torch.zeros(B, dtype=torch.bool, device=model.device)
         self.stop_tokens = torch.tensor(cfg.stop_tokens, dtype=torch.long, device=model.device)
         self.stops = bool(cfg.stop_tokens)  # without stop tokens no row ever finishes early
-        # two sets of results that the compiled tokens write in turn (one token reads the other's)
-        self.buffers: list[OutputBuffers] = []
+        self.stopped = False  # whether any row has emitted a stop token (then finished says which)
+        # two sets of results that the compiled tokens write in turn (one token reads the other's),
+        # looked up once, after the first token has settled how its graphs are called
+        self.buffers: list[OutputBuffers] | None = None
         self.id_views: dict[torch.Tensor, torch.Tensor] = {}  # the buffers' greedy tokens as ids
         self.pad = pad_token_id
         self.streamer = streamer
@@ -288,8 +290,9 @@ class _Run:
         if crit is None and self.compiled is not None:  # fixed depth: the compiled decode's
             into = self.buffers[self.n % 2] if self.buffers else None
             out = self.compiled.token(ids, pos, self._compiled_s0(ids, warm), into)
-            if not self.buffers:
-                self.buffers = [b for b in (self.compiled.output_buffers() for _ in "ab") if b]
+            if self.buffers is None:
+                sets = [self.compiled.output_buffers() for _ in range(2)]
+                self.buffers = [b for b in sets if b is not None]
             return out.logits, out.latents, self.cfg.num_steps, out.greedy
         if crit is None:
             logits, latents = self.chunk(ids, pos, self.cfg.num_steps, warm)
@@ -306,8 +309,7 @@ class _Run:
     def emit(self, tokens: torch.Tensor, steps: torch.Tensor | int, logits: torch.Tensor) -> bool:
         """Append one token per row (``logits`` (B, 1, V) of its position, kept for
         ``output_scores``); True when generation is over (all stopped or length reached)."""
-        stops = self.stops
-        if stops:
+        if self.stopped:  # rows that emitted a stop token go on with pad tokens at depth 0
             tokens = torch.where(self.finished, self.pad, tokens)
             steps = torch.where(self.finished, 0, torch.as_tensor(steps, device=tokens.device))
         n = self.n
@@ -319,11 +321,16 @@ class _Run:
         if self.scores is not None:  # a copy: a compiled token's outputs may be reused by the next
             self.scores.append(logits[:, -1].to(torch.float32, copy=True))
         self.n += 1
-        if stops:
-            self.finished |= torch.isin(tokens, self.stop_tokens)
+        over = self.n >= self.max_new
+        if self.stops:
+            hit = torch.isin(tokens, self.stop_tokens)
+            if bool(hit.any()):  # until a row stops, nothing else changes and all rows go on
+                self.finished |= hit
+                self.stopped = True
+                over = over or bool(self.finished.all())
         if self.streamer is not None:
             self.streamer(self.new_tokens[n], self.new_steps[n])
-        return self.n >= self.max_new or (stops and bool(self.finished.all()))
+        return over
 
     def details(self) -> GenerationOutput:
         # Clones made outside inference mode: ordinary tensors that autograd may use later.
@@ -366,7 +373,7 @@ class _Run:
         view = self.id_views.get(tokens)
         if view is None:
             view = tokens[:, None]
-            if any(tokens is t for b in self.buffers for t in b.tensors):
+            if any(tokens is t for b in self.buffers or () for t in b.tensors):
                 self.id_views[tokens] = view
         return view
 
