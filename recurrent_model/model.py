@@ -213,11 +213,11 @@ class RecurrentLM(HookedModel):
     ) -> torch.Tensor:
         """s_0 ~ TruncNormal(0, (σ·init_scale)², ±3σ·init_scale) · sqrt(h); zeros when init_scale = 0."""
         std = self.config.init_std * float(init_scale)
-        state = torch.zeros_like(e)
-        if std > 0:
-            nn.init.trunc_normal_(state, 0.0, std, -3 * std, 3 * std, generator=generator)
-            state = state * self.emb_scale
-        return state
+        if std <= 0:
+            return torch.zeros_like(e)
+        state = torch.empty_like(e)  # every element drawn below
+        nn.init.trunc_normal_(state, 0.0, std, -3 * std, 3 * std, generator=generator)
+        return state * self.emb_scale
 
     def core_step(
         self,
