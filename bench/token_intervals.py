@@ -6,7 +6,7 @@ unchanged) in one that reads a steady clock when a thread arrives and when it is
 to ``table[thread, k]`` the time the thread worked since its last release and the time it waited at
 its ``k``-th barrier of the kernel call. :func:`timed_compile` compiles with it; :func:`split` names
 each barrier by what the kernel ran before it (a serial chain on thread 0, attention over the key
-count, a product) and sums the table per name.
+count, a product, a shared pointwise loop) and sums the table per name.
 
 No sampling profiler is needed, and none would do on a VM: a timer sample of a thread spinning at a
 barrier lands where the guest resumes, not where the time went. The table's address is written into
@@ -137,13 +137,14 @@ def region_edges(clock: BarrierClock, called: int, returned: int) -> tuple[float
 
 
 #: what a kernel ran between two barriers, by its source
-KINDS = ("product", "attention", "chain")
+KINDS = ("product", "attention", "pointwise", "chain")
 
 
 def barrier_kinds(source: str) -> list[str]:
     """For each barrier call of the kernel in ``source``, in order, what ran since the last one:
     ``chain`` (serial loops only: thread 0), ``attention`` (a loop shared between the threads over
-    the graph's dynamic size, the key count) or ``product`` (other shared loops)."""
+    the graph's dynamic size, the key count), ``product`` (other shared loops that reduce: the
+    row sums) or ``pointwise`` (shared loops without a reduction, such as an MLP's activation)."""
     start = source.find("#pragma omp parallel")
     pieces = re.split(r"\bbarrier_\d+\(\);", source[start:])[:-1]  # the last: after the region
     kinds = []
@@ -152,8 +153,10 @@ def barrier_kinds(source: str) -> list[str]:
             kinds.append("chain")
         elif re.search(r"<static_cast<int64_t>\(ks\d+\)", piece):
             kinds.append("attention")
-        else:
+        elif "tmp_acc" in piece:
             kinds.append("product")
+        else:
+            kinds.append("pointwise")
     return kinds
 
 

@@ -78,7 +78,7 @@ def test_timed_kernel_splits_by_what_ran_and_leaves_no_trace(intervals):
         timed(*args)
     assert clock.used() == len(kinds)
     parts = intervals.split(source, clock, calls)
-    assert parts.count == {"product": 2, "attention": 1, "chain": 2}
+    assert parts.count == {"product": 2, "attention": 1, "pointwise": 0, "chain": 2}
     for kind in intervals.KINDS:
         assert min(parts.work[kind] + parts.wait[kind]) >= 0
     assert parts.work["product"][0] > 0 and parts.work["chain"][0] > 0
@@ -121,3 +121,22 @@ def test_a_source_of_another_kernel_is_refused(intervals):
 def test_a_barrier_it_cannot_wrap_is_refused(intervals):
     with pytest.raises(RuntimeError, match="declares no 'auto barrier_"):
         intervals.BarrierClock(2).template("auto other_{n} = [](){{}};")
+
+
+def test_barriers_are_named_by_the_loops_before_them(intervals):
+    shared = "#pragma omp for nowait\nfor(int64_t x0=0; x0<static_cast<int64_t>({n}); ++x0)\n"
+    product = shared.format(n="352L") + "{ float tmp_acc0 = 0; tmp_acc0 += w[x0] * x[x0]; }\n"
+    attention = shared.format(n="ks0") + "{ float tmp_acc0 = 0; }\n"
+    pointwise = shared.format(n="704L") + "{ out[x0] = in[x0] / (1 + exp(-in[x0])); }\n"
+    chain = "#pragma omp master\n{ float tmp_acc0 = 0; }\n"
+    pieces = [product, chain, attention, pointwise + product, pointwise, chain + chain]
+    source = "void kernel() {\n#pragma omp parallel num_threads(2)\n{\n"
+    source += "".join(piece + "barrier_0();\n" for piece in pieces) + "}\n}\n"
+    assert intervals.barrier_kinds(source) == [
+        "product",
+        "chain",
+        "attention",
+        "product",
+        "pointwise",
+        "chain",
+    ]
