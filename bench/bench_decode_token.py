@@ -157,11 +157,12 @@ def print_intervals(source: str, clock: BarrierClock, calls: int, token: float) 
 
 def print_region_edges(decode: CompiledDecode, ids: torch.Tensor, clock: BarrierClock,
                        rounds: int) -> None:  # fmt: skip
-    """Per call of the timed token, through ``CompiledDecode.token`` (its greedy tokens fed back),
-    through its launcher's raw entry alone and through its boxed graph alone (inductor's Python
-    wrapper and launcher, nothing of ours): the time before the
-    kernel's region starts and after its last barrier (:func:`token_intervals.region_edges`),
-    medians over ``rounds`` rounds of NEW - 1 calls each."""
+    """Per call of the timed token, through ``CompiledDecode.token`` (its greedy tokens fed back)
+    and through its launcher's raw entry alone (both writing their results into two sets of
+    buffers in turn where there is a raw entry, as generate does), and through its boxed graph
+    alone (inductor's Python wrapper and launcher, nothing of ours): the time before the kernel's
+    region starts and after its last barrier (:func:`token_intervals.region_edges`), medians over
+    ``rounds`` rounds of NEW - 1 calls each."""
     direct = decode.direct.get(0)
     if len(decode.pieces) != 1 or direct is None or direct.boxed is None:
         print("region edges: the token is not one boxed graph here; not timed")
@@ -178,15 +179,17 @@ def print_region_edges(decode: CompiledDecode, ids: torch.Tensor, clock: Barrier
 
     positions = range(PROMPT - 1, PROMPT + NEW - 2)
     with torch.inference_mode():
+        sets = [decode.output_buffers() for _ in range(2)]  # results in turn, as generate has them
         for _ in range(rounds):
             x = ids[:, -1:]
             for p in positions:
-                x = timed("CompiledDecode.token", decode.token, x, p, None).greedy[:, None]
+                out = timed("CompiledDecode.token", decode.token, x, p, None, sets[p % 2])
+                x = out.greedy[:, None]
             token = [(x, decode.positions[p], decode.zero_state, decode.cache.key_valid,
                       decode.keys[p]) for p in positions]  # fmt: skip
             if direct.raw is not None:
-                for per_token in token:
-                    timed("raw entry", direct.raw, direct.token_inputs(per_token))
+                for p, per_token in zip(positions, token, strict=True):
+                    timed("raw entry", direct.raw, direct.token_inputs(per_token), sets[p % 2])
             for per_token in token:
                 timed("boxed graph", direct.boxed, direct.boxed_inputs(per_token))
     print("outside the timed token kernel's region, per call (medians):")
