@@ -355,7 +355,7 @@ class OutputBuffers(NamedTuple):
     them as ``into`` writes its outputs there instead of into new tensors."""
 
     tensors: tuple[torch.Tensor, ...]
-    layouts: tuple[Layout, ...]  # the entry's own tuple: whose outputs these are
+    layouts: tuple[Layout, ...]  # the entry's own tuple: the graph whose outputs these are
     pointers: Any  # the ctypes array of the tensors' addresses
     address: int  # that array's
 
@@ -410,7 +410,7 @@ class RawCall:
         elif into.layouts is self.entry.layouts:
             outputs, outputs_at = into.tensors, into.address
         else:
-            raise ValueError("output buffers made by another raw call")
+            raise ValueError("output buffers laid out for another graph's outputs")
         code = self._run(outputs_at)
         if code > 0:  # its pools need more scratch than it had: nothing ran
             self.scratch = torch.empty(code, dtype=torch.uint8)

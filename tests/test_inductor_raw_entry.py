@@ -267,6 +267,6 @@ def test_a_raw_call_writes_into_its_own_buffers_and_refuses_anothers():
     assert call([(0, x)], into)[0] is again and again.item() == 3.0  # the same tensor, rewritten
     assert first.item() == 1.0 and call([(0, x)])[0] is not again  # new tensors still on request
     twin = raw_entry.RawCall(RawEntry(write_call_count, tuple(list(layouts))), [None])  # equal
-    with pytest.raises(ValueError, match="another raw call"):
+    with pytest.raises(ValueError, match="another graph's outputs"):
         twin([(0, x)], into)
     assert len(written) == 4  # the refusal ran nothing
