@@ -299,16 +299,16 @@ def test_decode_pieces_are_called_directly_once_their_graph_checked_out():
 @pytest.mark.slow
 @pytest.mark.skipif(not (raw_entry.supported() and C.direct_calls_supported()),
                     reason="checked torch releases only")  # fmt: skip
-@pytest.mark.parametrize("continuous", [False, True])
-def test_generate_reuses_two_sets_of_token_results_in_turn(continuous, monkeypatch):
+def test_generate_reuses_two_sets_of_token_results_in_turn(monkeypatch):
     # From the second token on the compiled token writes its results into one of two sets of
-    # buffers, in turn: each token reads the previous one's set (its ids, with continuous compute
-    # its latents) while writing the other. The graph is the depth-3 one of the tests above.
+    # buffers, in turn: each token reads the previous one's set (its ids and, with continuous
+    # compute, its latents) while writing the other. The graph is the depth-3 one of the tests
+    # above.
     torch.manual_seed(0)
     cfg = rm.preset("tiny")
     model = rm.RecurrentLM(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
-    kw = dict(num_steps=3, stop_tokens=(), init_scale=0.0, continuous_compute=continuous,
+    kw = dict(num_steps=3, stop_tokens=(), init_scale=0.0, continuous_compute=True,
               output_scores=True, return_details=True)  # fmt: skip
     eager = model.generate(ids, 6, **kw)
     model.generate(ids, 6, compile=True, **kw)  # compiles and chooses the products: tokens too
@@ -329,7 +329,7 @@ def test_generate_reuses_two_sets_of_token_results_in_turn(continuous, monkeypat
     for (_, _, into, out), (ids, state, _, _) in zip(calls[1:], calls[2:]):
         assert all(x is y for x, y in zip(out, into.tensors, strict=True))
         assert ids.data_ptr() == out.greedy.data_ptr() and ids.stride() == (1, 1)
-        assert (state is out.latents) == continuous
+        assert state is out.latents
 
 
 @pytest.mark.slow
