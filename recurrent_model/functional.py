@@ -51,6 +51,18 @@ def rope_table(head_dim: int, length: int, base: float, device=None) -> torch.Te
     return torch.complex(torch.cos(angles), torch.sin(angles))
 
 
+def truncated_normal_state(
+    like: torch.Tensor, std: float, scale: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """A random initial latent shaped like ``like``: TruncNormal(0, std², ±3·std) · ``scale``
+    (no multiply where it is 1); zeros where ``std`` is not positive."""
+    if std <= 0:
+        return torch.zeros_like(like)
+    state = torch.empty_like(like)  # every element is drawn below
+    torch.nn.init.trunc_normal_(state, 0.0, std, -3 * std, 3 * std, generator=generator)
+    return state * scale if scale != 1 else state
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs of ``x`` (B, T, ..., head_dim) by ``table`` (T, head_dim // 2).
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import functional as fn
 from . import hook_names, stack
 from .config import ContextLengthError, RecurrentConfig
 from .depth import split_depth
@@ -213,11 +214,7 @@ class RecurrentLM(HookedModel):
     ) -> torch.Tensor:
         """s_0 ~ TruncNormal(0, (σ·init_scale)², ±3σ·init_scale) · sqrt(h); zeros when init_scale = 0."""
         std = self.config.init_std * float(init_scale)
-        if std <= 0:
-            return torch.zeros_like(e)
-        state = torch.empty_like(e)  # every element drawn below
-        nn.init.trunc_normal_(state, 0.0, std, -3 * std, 3 * std, generator=generator)
-        return state * self.emb_scale
+        return fn.truncated_normal_state(e, std, self.emb_scale, generator)
 
     def core_step(
         self,

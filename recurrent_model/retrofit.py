@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import functional as fn
 from . import hook_names
 from .atomic_io import atomic_directory
 from .checkpoint import (
@@ -447,12 +448,7 @@ class RetrofitLM(HookedModel):
         """s_0 ~ TruncNormal(0, σ², ±3σ), σ = init_values.std · init_scale (times embed_scale where
         that is not 1); zeros when init_scale is 0."""
         std = self.config.init_std * float(init_scale)
-        state = torch.zeros_like(e)
-        if std > 0:
-            nn.init.trunc_normal_(state, 0.0, std, -3 * std, 3 * std, generator=generator)
-            if self.config.embed_scale != 1:
-                state = state * self.config.embed_scale
-        return state
+        return fn.truncated_normal_state(e, std, self.config.embed_scale, generator)
 
     def core_step(
         self,
