@@ -169,19 +169,36 @@ class Split:
     wait: dict[str, tuple[float, float]]
 
 
-def split(source: str, clock: BarrierClock, calls: int) -> Split:
-    """The clock's table, per kernel call, summed by :func:`barrier_kinds` of ``source``."""
+def products_by_predecessor(kinds: list[str]) -> list[str]:
+    """``kinds`` (:func:`barrier_kinds`) with each product named by what ran before it, e.g.
+    "product after chain": after a serial chain thread 0 starts the product with the chain's output
+    in its own cache and the others on their release from a barrier they waited at, after a shared
+    loop every thread starts from its own part."""
+    return [
+        f"{kind} after {kinds[i - 1]}" if kind == "product" and i else kind
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def split(source: str, clock: BarrierClock, calls: int, names: list[str] | None = None) -> Split:
+    """The clock's table, per kernel call, summed per name of each barrier call: ``names`` (one per
+    call, in order), by default :func:`barrier_kinds` of ``source`` (every kind of ``KINDS`` a key,
+    present or not)."""
     kinds = barrier_kinds(source)
     if clock.used() != len(kinds):
         raise RuntimeError(f"the kernel's source has {len(kinds)} barrier calls, its clock "
                            f"{clock.used()}: not the kernel that ran, or several kernels")  # fmt: skip
+    if names is not None and len(names) != len(kinds):
+        raise RuntimeError(f"{len(names)} names for the kernel's {len(kinds)} barrier calls")
+    keys = list(KINDS) if names is None else list(dict.fromkeys(names))
+    names = kinds if names is None else names
     seconds = clock.table[:, : len(kinds)].double() / 1e9 / calls
-    count = {k: kinds.count(k) for k in KINDS}
+    count = {key: names.count(key) for key in keys}
     work, wait = {}, {}
-    for kind in KINDS:
-        rows = torch.tensor([k == kind for k in kinds])
+    for key in keys:
+        rows = torch.tensor([name == key for name in names])
         per_thread = seconds[:, rows].sum(1)  # (threads, 2)
         others = per_thread[1:].mean(0) if len(per_thread) > 1 else torch.zeros(2)
-        work[kind] = (per_thread[0, 0].item(), others[0].item())
-        wait[kind] = (per_thread[0, 1].item(), others[1].item())
+        work[key] = (per_thread[0, 0].item(), others[0].item())
+        wait[key] = (per_thread[0, 1].item(), others[1].item())
     return Split(count, work, wait)

@@ -140,3 +140,33 @@ def test_barriers_are_named_by_the_loops_before_them(intervals):
         "pointwise",
         "chain",
     ]
+
+
+def test_products_are_split_by_what_ran_before_them(intervals):
+    kinds = ["product", "chain", "product", "attention", "product", "pointwise", "product"]
+    assert intervals.products_by_predecessor(kinds) == [
+        "product",
+        "chain",
+        "product after chain",
+        "attention",
+        "product after attention",
+        "pointwise",
+        "product after pointwise",
+    ]
+    product = "#pragma omp for nowait\nfor(int64_t x0=0; x0<static_cast<int64_t>(64L); ++x0)\n"
+    product += "{ float tmp_acc0 = 0; }\n"
+    chain = "#pragma omp master\n{ float tmp_acc0 = 0; }\n"
+    pieces = [product, chain, product, chain, product]
+    source = "void kernel() {\n#pragma omp parallel num_threads(2)\n{\n"
+    source += "".join(piece + "barrier_0();\n" for piece in pieces) + "}\n}\n"
+    names = intervals.products_by_predecessor(intervals.barrier_kinds(source))
+    clock = intervals.BarrierClock(2, barriers=8)
+    clock.table[0, :5, 0] = torch.tensor([10, 20, 30, 40, 50])  # ns of work per barrier, thread 0
+    clock.table[1, :5, 1] = torch.tensor([1, 2, 3, 4, 5])  # ns of wait, the other thread
+    parts = intervals.split(source, clock, 2, names)
+    assert parts.count == {"product": 1, "chain": 2, "product after chain": 2}
+    assert parts.work["product after chain"] == pytest.approx(((30 + 50) / 2e9, 0.0))
+    assert parts.wait["product after chain"] == pytest.approx((0.0, (3 + 5) / 2e9))
+    assert parts.work["chain"] == pytest.approx(((20 + 40) / 2e9, 0.0))
+    with pytest.raises(RuntimeError, match="4 names for the kernel's 5 barrier calls"):
+        intervals.split(source, clock, 2, names[:4])
