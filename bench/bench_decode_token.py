@@ -74,6 +74,7 @@ from bench_decode import NEW, PROMPT, STEPS, compiled_generate, floor_calls, mea
 from token_intervals import (  # noqa: E402
     KINDS,
     BarrierClock,
+    Split,
     barrier_kinds,
     products_by_predecessor,
     region_edges,
@@ -153,17 +154,19 @@ def print_intervals(source: str, clock: BarrierClock, calls: int, token: float) 
     """The timed token's kernel time per kind of interval: what thread 0 and the other threads
     worked, and waited at the barrier that ends each interval; the products also by what ran
     before each (:func:`token_intervals.products_by_predecessor`)."""
+
+    def row(parts: Split, name: str, label: str) -> None:
+        (w0, w1), (a0, a1) = parts.work[name], parts.wait[name]
+        print(f"{label} x{parts.count[name]:3}  work {1e6 * w0:7.1f} | {1e6 * w1:7.1f} us, "
+              f"wait {1e6 * a0:6.1f} | {1e6 * a1:6.1f} us")  # fmt: skip
+
     parts = split(source, clock, calls)
     print(f"timed token kernel, per token ({calls} tokens; thread 0 | the others' mean):")
     for kind in KINDS:
-        (w0, w1), (a0, a1) = parts.work[kind], parts.wait[kind]
-        print(f"  {kind:9} x{parts.count[kind]:3}  work {1e6 * w0:7.1f} | {1e6 * w1:7.1f} us, "
-              f"wait {1e6 * a0:6.1f} | {1e6 * a1:6.1f} us")  # fmt: skip
+        row(parts, kind, f"  {kind:9}")
     starts = split(source, clock, calls, products_by_predecessor(barrier_kinds(source)))
     for name in (n for n in starts.count if n.startswith("product after")):
-        (w0, w1), (a0, a1) = starts.work[name], starts.wait[name]
-        print(f"    {name:23} x{starts.count[name]:3}  work {1e6 * w0:7.1f} | {1e6 * w1:7.1f} us, "
-              f"wait {1e6 * a0:6.1f} | {1e6 * a1:6.1f} us")  # fmt: skip
+        row(starts, name, f"    {name:23}")
     kernel = sum(parts.work[k][0] + parts.wait[k][0] for k in KINDS)
     print(f"  thread 0 in the kernel's region: {1e6 * kernel:.1f} us of the timed token's "
           f"{1e6 * token:.1f} us (the rest: host work, the region's start and end)")  # fmt: skip
